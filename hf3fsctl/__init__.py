@@ -1,0 +1,7 @@
+"""hf3fsctl: a persistent, shareable KV-cache tier for vLLM on 3FS, and its admin CLI.
+
+The core library (`config`, `keys`, `storage`, `meta`, `staging`) imports neither vLLM
+nor the CLI; heavy dependencies are imported where they are used.
+"""
+
+__version__ = "0.1.0"

@@ -1,0 +1,1 @@
+"""The `hf3fsctl` command line (Typer + Rich)."""

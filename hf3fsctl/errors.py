@@ -1,0 +1,71 @@
+"""Typed errors raised by the core library.
+
+Every error carries a one-line message, a hint (the next step to try) and the exit code
+the CLI uses for it. The CLI maps them to output in exactly one place
+(`hf3fsctl.cli.errors`); the connector turns them into misses and counters.
+"""
+
+from __future__ import annotations
+
+
+class Hf3fsctlError(Exception):
+    """Base class of every error the library raises on purpose."""
+
+    exit_code: int = 1
+    hint: str = ""
+
+    def __init__(self, message: str, *, hint: str | None = None) -> None:
+        super().__init__(message)
+        if hint is not None:
+            self.hint = hint
+
+    @property
+    def message(self) -> str:
+        return str(self.args[0]) if self.args else self.__class__.__name__
+
+
+class ConfigError(Hf3fsctlError):
+    """A configuration value is missing, malformed or out of range."""
+
+    exit_code = 2
+    hint = "fix the key named above in the config file, the HF3FSCTL_* environment or the flag"
+
+
+class InvalidRequest(Hf3fsctlError):
+    """A request (CLI argument, API body) is malformed or out of bounds."""
+
+    exit_code = 2
+
+
+class NotFound(Hf3fsctlError):
+    """A namespace, rank file or entry does not exist."""
+
+    exit_code = 3
+
+
+class NamespaceConflict(Hf3fsctlError):
+    """A namespace or rank file was registered again with different properties."""
+
+    exit_code = 4
+    hint = "pages are only ever read back into the layout that wrote them; check the manifest"
+
+
+class StorageError(Hf3fsctlError):
+    """Page files are missing, too small, unreadable or unwritable."""
+
+    exit_code = 5
+    hint = "check storage.path, free space and permissions (`hf3fsctl doctor`)"
+
+
+class MetadataUnavailable(Hf3fsctlError):
+    """The metadata service did not answer in time, or answered with a server error."""
+
+    exit_code = 6
+    hint = "is `hf3fsctl serve` running and reachable at metadata.url? (`hf3fsctl doctor`)"
+
+
+class AuthError(Hf3fsctlError):
+    """The metadata service refused the bearer token (or none was given)."""
+
+    exit_code = 7
+    hint = "set metadata.token_file to the file `hf3fsctl serve --token-file` reads"

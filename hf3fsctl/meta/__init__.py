@@ -1,0 +1,1 @@
+"""Metadata: the SQLite store, the HTTP service, and the clients of both."""

@@ -1,0 +1,171 @@
+"""One metadata client protocol, two implementations chosen by URL scheme.
+
+- `sqlite:///PATH` → `EmbeddedMetadataClient`: the SQLite store in this process (no
+  server; processes of one node share the database file).
+- `http://HOST:PORT` → `HttpMetadataClient`: `hf3fsctl serve` over HTTP (httpx,
+  pooled connections, a timeout on every call, retries only for idempotent calls).
+
+Both raise the same typed errors (`hf3fsctl.errors`): `MetadataUnavailable` when the
+service cannot answer in time, `AuthError`, `InvalidRequest`, `NotFound`,
+`NamespaceConflict` as the store decides.
+
+Contract of the data-path calls (the store enforces it; both clients pass it through):
+
+- `lookup(ns, keys)` → how many leading keys are committed on every rank. Read-only
+  apart from traffic counters.
+- `locate(ns, rank, keys)` → a `Location` (page, checksum, size) or None per key, and
+  a read lease: the located pages are not reused for `lease_s`, even if evicted.
+- `allocate(ns, rank, keys, first_depth)` → pages for keys not yet stored on that
+  rank; keys already committed or pending are `existing`; `no_space` when nothing
+  could be freed. May evict LRU entries (chain tails first) above the high watermark.
+- `commit(ns, rank, items)` → pending → committed with checksums; only for the
+  exact (key, page) the writer was allocated. Returns how many committed.
+- `release(ns, rank, allocations)` → a writer gives up pending allocations (only the
+  exact (key, page) pairs it holds); returns how many released.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+from hf3fsctl.meta.models import (
+    AllocateResult,
+    Allocation,
+    CommitItem,
+    EntryInfo,
+    EvictRequest,
+    EvictResult,
+    Location,
+    NamespaceInfo,
+    RankFile,
+    StoreStats,
+)
+
+if TYPE_CHECKING:
+    from hf3fsctl.config import Config
+
+
+@runtime_checkable
+class MetadataClient(Protocol):
+    """What the CLI and the connector need from the metadata store."""
+
+    url: str
+
+    def register_namespace(self, namespace: str, manifest: dict[str, Any]) -> NamespaceInfo:
+        """Create a namespace, or return it if identical; `NamespaceConflict` if not."""
+        ...
+
+    def register_rank(self, namespace: str, rank_file: RankFile) -> NamespaceInfo:
+        """Record one rank's page file; `NamespaceConflict` if it differs from before."""
+        ...
+
+    def get_namespace(self, namespace: str) -> NamespaceInfo:
+        """One namespace; `NotFound` if absent."""
+        ...
+
+    def namespaces(self) -> list[NamespaceInfo]:
+        """Every registered namespace."""
+        ...
+
+    def lookup(self, namespace: str, keys: Sequence[str]) -> int:
+        """Number of leading `keys` committed on every rank of the namespace."""
+        ...
+
+    def locate(self, namespace: str, rank: int, keys: Sequence[str]) -> list[Location | None]:
+        """Where each key's page is on `rank` (None if absent), with a read lease."""
+        ...
+
+    def allocate(
+        self, namespace: str, rank: int, keys: Sequence[str], first_depth: int = 0
+    ) -> AllocateResult:
+        """Pages for keys not yet stored on `rank`."""
+        ...
+
+    def commit(self, namespace: str, rank: int, items: Sequence[CommitItem]) -> int:
+        """Commit written pages; returns how many were committed."""
+        ...
+
+    def release(self, namespace: str, rank: int, allocations: Sequence[Allocation]) -> int:
+        """Give back pending allocations; returns how many were released."""
+        ...
+
+    def evict(self, request: EvictRequest) -> EvictResult:
+        """Evict entries by the request's criteria."""
+        ...
+
+    def stats(self) -> StoreStats:
+        """Usage and traffic of the store."""
+        ...
+
+    def list_entries(
+        self, namespace: str | None = None, limit: int = 100, offset: int = 0
+    ) -> list[EntryInfo]:
+        """Entries, most recently used first."""
+        ...
+
+    def health(self) -> dict[str, Any]:
+        """A cheap liveness check; raises `MetadataUnavailable` when down."""
+        ...
+
+    def close(self) -> None:
+        """Release connections."""
+        ...
+
+
+def open_metadata_client(
+    url: str,
+    *,
+    timeout_s: float = 2.0,
+    token: str | None = None,
+    lease_s: float = 30.0,
+    high_watermark: float = 0.95,
+    low_watermark: float = 0.85,
+) -> MetadataClient:
+    """Open the client for a metadata URL (`sqlite:///…` or `http(s)://…`).
+
+    The store-side settings (lease, watermarks) apply to the embedded store; a server
+    uses its own.
+    """
+    from hf3fsctl.errors import ConfigError
+
+    if url.startswith("sqlite:///"):
+        from hf3fsctl.meta.embedded import EmbeddedMetadataClient
+
+        return EmbeddedMetadataClient(
+            url,
+            timeout_s=timeout_s,
+            lease_s=lease_s,
+            high_watermark=high_watermark,
+            low_watermark=low_watermark,
+        )
+    if url.startswith(("http://", "https://")):
+        from hf3fsctl.meta.http import HttpMetadataClient
+
+        return HttpMetadataClient(url, timeout_s=timeout_s, token=token)
+    raise ConfigError(
+        f"metadata.url: {url!r} is not a metadata URL; use sqlite:///PATH or http://HOST:PORT"
+    )
+
+
+def connect(config: Config) -> MetadataClient:
+    """Open the metadata client a configuration points at (reads the token file)."""
+    token = None
+    if config.metadata.token_file:
+        from hf3fsctl.errors import ConfigError
+
+        try:
+            token = open(config.metadata.token_file).read().strip()
+        except OSError as exc:
+            raise ConfigError(
+                f"metadata.token_file: cannot read {config.metadata.token_file!r}: {exc.strerror}"
+            ) from None
+    md = config.metadata
+    return open_metadata_client(
+        config.metadata_url,
+        timeout_s=md.timeout_s,
+        token=token,
+        lease_s=md.lease_s,
+        high_watermark=md.high_watermark,
+        low_watermark=md.low_watermark,
+    )

@@ -1,0 +1,1 @@
+"""Page files and the I/O engines that read and write them."""
