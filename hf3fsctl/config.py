@@ -285,8 +285,7 @@ def _check_url(key: str, url: str) -> None:
     if re.fullmatch(r"https?://[^/\s]+(/\S*)?", url):
         return
     raise ConfigError(
-        f"{key}: {url!r} is not a metadata URL; use sqlite:///ABSOLUTE/PATH.db "
-        "or http://HOST:PORT"
+        f"{key}: {url!r} is not a metadata URL; use sqlite:///ABSOLUTE/PATH.db or http://HOST:PORT"
     )
 
 
@@ -327,9 +326,7 @@ def env_overrides(environ: Mapping[str, str]) -> dict[str, str]:
         if dotted not in known:
             close = difflib.get_close_matches(dotted, list(known), n=1)
             hint = (
-                f"; did you mean {ENV_PREFIX}{close[0].replace('.', '_').upper()}?"
-                if close
-                else ""
+                f"; did you mean {ENV_PREFIX}{close[0].replace('.', '_').upper()}?" if close else ""
             )
             raise ConfigError(f"environment variable {name} names no config key{hint}")
         out[dotted] = value
@@ -380,9 +377,7 @@ def read_yaml(path: Path) -> dict[str, Any]:
     return data
 
 
-def build_config(
-    layers: list[tuple[str, Mapping[str, Any]]], source: str | None = None
-) -> Config:
+def build_config(layers: list[tuple[str, Mapping[str, Any]]], source: str | None = None) -> Config:
     """Apply `(origin, values)` layers over the defaults and validate the result."""
     known = config_keys()
     values: dict[str, Any] = {}
