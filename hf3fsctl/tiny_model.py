@@ -177,7 +177,7 @@ def main(argv: list[str] | None = None) -> None:
     overrides: dict[str, object] = {"seed": args.seed}
     if args.dtype:
         overrides["dtype"] = args.dtype
-    spec = TinyModelSpec(**(asdict(spec) | overrides))  # type: ignore[arg-type]
+    spec = TinyModelSpec(**(asdict(spec) | overrides))
     print(build_tiny_model(args.out_dir, spec))
 
 

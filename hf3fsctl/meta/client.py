@@ -27,6 +27,7 @@ Contract of the data-path calls (the store enforces it; both clients pass it thr
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from hf3fsctl.meta.models import (
@@ -155,7 +156,7 @@ def connect(config: Config) -> MetadataClient:
         from hf3fsctl.errors import ConfigError
 
         try:
-            token = open(config.metadata.token_file).read().strip()
+            token = Path(config.metadata.token_file).read_text().strip()
         except OSError as exc:
             raise ConfigError(
                 f"metadata.token_file: cannot read {config.metadata.token_file!r}: {exc.strerror}"
