@@ -1,0 +1,447 @@
+"""Page-file layout: where a namespace's pages and manifest live, and the geometry of a file.
+
+Contract:
+    * A namespace has one page file per rank, ``<root>/<namespace_id>/rank-NNNN.pages``,
+      and its manifest beside them, ``<root>/<namespace_id>/manifest.json``.
+    * Page ``i`` of a file sits in a fixed slot at ``i * slot_bytes``, where
+      ``slot_bytes = round_up(page_bytes, PAGE_ALIGN)`` so O_DIRECT can be used;
+      ``num_pages = file_size // slot_bytes``.
+    * Every path handed in stays under the storage root: absolute paths and ``..`` are
+      rejected with `InvalidRequest`.
+    * The manifest is written atomically (temp file, then link/rename). Writing an identical
+      manifest again is a no-op; a different one for the same namespace is
+      `NamespaceConflict`.
+    * `PageFile.create` is idempotent and resumable: a file is preallocated under a
+      ``.partial`` name and renamed into place only when it has its full size.
+
+This module imports only the standard library and `hf3fsctl.errors`/`hf3fsctl.keys`, so it
+runs on a GPU node that lacks the service's dependencies.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import logging
+import os
+import threading
+from collections.abc import Callable
+from pathlib import Path, PurePosixPath
+from types import TracebackType
+from typing import Any
+
+from hf3fsctl.errors import InvalidRequest, NamespaceConflict, NotFound, StorageError
+from hf3fsctl.keys import NamespaceManifest, check_namespace_id
+
+logger = logging.getLogger(__name__)
+
+PAGE_ALIGN = 4096
+MANIFEST_NAME = "manifest.json"
+PREALLOCATE_CHUNK = 256 * 1024 * 1024
+_PARTIAL_SUFFIX = ".partial"
+_UNSUPPORTED = {errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL}
+
+ProgressCallback = Callable[[int, int], None]
+
+
+def slot_bytes(page_bytes: int) -> int:
+    """The slot size of a page: `page_bytes` rounded up to `PAGE_ALIGN`.
+
+    Args:
+        page_bytes: bytes of one page (one block of one rank, all layers, K and V).
+
+    Returns:
+        The distance between two consecutive pages in a page file.
+    """
+    if isinstance(page_bytes, bool) or not isinstance(page_bytes, int) or page_bytes <= 0:
+        raise InvalidRequest(f"page_bytes must be a positive integer, got {page_bytes!r}")
+    return -(-page_bytes // PAGE_ALIGN) * PAGE_ALIGN
+
+
+def rank_file_name(namespace_id: str, rank: int) -> str:
+    """The page file of one rank, relative to the storage root: ``<ns>/rank-0000.pages``."""
+    check_namespace_id(namespace_id)
+    if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank <= 9999:
+        raise InvalidRequest(f"rank must be an integer in 0..9999, got {rank!r}")
+    return f"{namespace_id}/rank-{rank:04d}.pages"
+
+
+def manifest_file_name(namespace_id: str) -> str:
+    """The manifest of a namespace, relative to the storage root: ``<ns>/manifest.json``."""
+    check_namespace_id(namespace_id)
+    return f"{namespace_id}/{MANIFEST_NAME}"
+
+
+def resolve_under(root: str | os.PathLike[str], relpath: str) -> Path:
+    """Join `relpath` to `root`, refusing anything that would leave the root.
+
+    Args:
+        root: the storage root.
+        relpath: a relative POSIX path such as ``<ns>/rank-0000.pages``.
+
+    Returns:
+        The absolute path of the file.
+
+    Raises:
+        InvalidRequest: `relpath` is empty, absolute, contains ``..``, or resolves
+            (through symbolic links) outside the root.
+    """
+    if not isinstance(relpath, str) or not relpath or "\0" in relpath:
+        raise InvalidRequest(f"page file path {relpath!r} is empty or malformed")
+    parts = PurePosixPath(relpath).parts
+    if relpath.startswith(("/", "\\")) or ".." in parts or "\\" in relpath or not parts:
+        raise InvalidRequest(
+            f"page file path {relpath!r} must be relative and stay under the storage root"
+        )
+    base = Path(root).resolve()
+    path = (base / relpath).resolve()
+    if path != base and base not in path.parents:
+        raise InvalidRequest(f"page file path {relpath!r} resolves outside the storage root")
+    return path
+
+
+def _manifest_bytes(manifest: NamespaceManifest) -> bytes:
+    return (json.dumps(manifest.to_dict(), sort_keys=True, indent=2) + "\n").encode()
+
+
+def _load_manifest_file(path: Path) -> NamespaceManifest:
+    try:
+        data = json.loads(path.read_bytes())
+    except FileNotFoundError:
+        raise NotFound(f"no manifest at {path}") from None
+    except (OSError, ValueError) as exc:
+        raise StorageError(f"manifest {path} is unreadable: {exc}") from None
+    if not isinstance(data, dict):
+        raise StorageError(f"manifest {path} is not a JSON object")
+    try:
+        return NamespaceManifest.from_dict(data)
+    except InvalidRequest as exc:
+        raise StorageError(f"manifest {path} is malformed: {exc.message}") from None
+
+
+def write_manifest(root: str | os.PathLike[str], manifest: NamespaceManifest) -> Path:
+    """Store a namespace's manifest beside its page files, atomically.
+
+    Args:
+        root: the storage root.
+        manifest: the namespace manifest; its `namespace_id` names the directory.
+
+    Returns:
+        The manifest's path.
+
+    Raises:
+        NamespaceConflict: a different manifest is already stored for this namespace.
+        StorageError: the directory or file cannot be written.
+    """
+    ns = manifest.namespace_id
+    path = resolve_under(root, manifest_file_name(ns))
+    payload = _manifest_bytes(manifest)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if path.exists():
+            return _check_same_manifest(path, manifest)
+        tmp = path.with_name(f".{MANIFEST_NAME}.{os.getpid()}.{threading.get_ident()}.tmp")
+        with open(tmp, "wb") as handle:
+            handle.write(payload)
+            handle.flush()
+            os.fsync(handle.fileno())
+        try:
+            # link() refuses to replace: of two concurrent writers exactly one wins, and
+            # the other compares against the winner instead of silently overwriting it.
+            os.link(tmp, path)
+        except FileExistsError:
+            return _check_same_manifest(path, manifest)
+        except OSError:  # file systems without hard links: last identical writer wins
+            os.replace(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)
+    except OSError as exc:
+        raise StorageError(f"cannot write manifest {path}: {exc}") from None
+    logger.info("wrote manifest of namespace %s to %s", ns, path)
+    return path
+
+
+def _check_same_manifest(path: Path, manifest: NamespaceManifest) -> Path:
+    stored = _load_manifest_file(path)
+    if stored != manifest:
+        changed = sorted(k for k, v in manifest.to_dict().items() if stored.to_dict().get(k) != v)
+        raise NamespaceConflict(
+            f"namespace {manifest.namespace_id} already has a different manifest at {path} "
+            f"(fields differ: {', '.join(changed) or 'unknown'})"
+        )
+    return path
+
+
+def read_manifest(root: str | os.PathLike[str], namespace_id: str) -> NamespaceManifest:
+    """Read a namespace's stored manifest.
+
+    Raises:
+        NotFound: the namespace has no manifest under `root`.
+        StorageError: the manifest is unreadable, malformed, or belongs to another namespace.
+    """
+    path = resolve_under(root, manifest_file_name(namespace_id))
+    manifest = _load_manifest_file(path)
+    if manifest.namespace_id != namespace_id:
+        raise StorageError(
+            f"manifest {path} hashes to namespace {manifest.namespace_id}, "
+            f"not {namespace_id}: it was edited or copied into the wrong directory"
+        )
+    return manifest
+
+
+def _preallocate(
+    fd: int, start: int, total: int, preallocate: bool, progress: ProgressCallback | None
+) -> None:
+    """Grow `fd` to `total` bytes from `start`, in chunks, reporting progress."""
+    if not preallocate:
+        os.ftruncate(fd, total)
+        return
+    done = start
+    while done < total:
+        length = min(PREALLOCATE_CHUNK, total - done)
+        try:
+            os.posix_fallocate(fd, done, length)
+        except OSError as exc:
+            if exc.errno not in _UNSUPPORTED:
+                raise
+            logger.warning(
+                "fallocate is not supported here (%s); page file sized with ftruncate "
+                "instead (sparse: space is claimed as pages are written)",
+                os.strerror(exc.errno or 0),
+            )
+            os.ftruncate(fd, total)
+            break
+        done += length
+        if progress is not None:
+            progress(done, total)
+
+
+class PageFile:
+    """One (namespace, rank) page file: geometry, bounds-checked offsets, an open fd.
+
+    Attributes:
+        root: the storage root.
+        relpath: the file's path relative to `root`.
+        path: the file's absolute path.
+        page_bytes: bytes of one page.
+        slot_bytes: distance between consecutive pages (`page_bytes` rounded up to 4096).
+        num_pages: pages the file holds.
+        fd: the open file descriptor (-1 once closed).
+        writable: whether `fd` was opened for writing.
+    """
+
+    def __init__(
+        self,
+        root: Path,
+        relpath: str,
+        path: Path,
+        page_bytes: int,
+        num_pages: int,
+        fd: int,
+        writable: bool,
+    ) -> None:
+        self.root = root
+        self.relpath = relpath
+        self.path = path
+        self.page_bytes = page_bytes
+        self.slot_bytes = slot_bytes(page_bytes)
+        self.num_pages = num_pages
+        self.fd = fd
+        self.writable = writable
+        self._direct_fd: int | None = None
+        self._direct_tried = False
+        self._lock = threading.Lock()
+
+    @classmethod
+    def create(
+        cls,
+        root: str | os.PathLike[str],
+        namespace_id: str,
+        rank: int,
+        page_bytes: int,
+        file_size: int,
+        *,
+        preallocate: bool = True,
+        progress: ProgressCallback | None = None,
+    ) -> PageFile:
+        """Create (or open, when it already exists with this size) one rank's page file.
+
+        Args:
+            root: the storage root; directories are created as needed.
+            namespace_id: the namespace the file belongs to.
+            rank: the rank whose pages the file holds.
+            page_bytes: bytes of one page.
+            file_size: bytes of the file; it holds `file_size // slot_bytes` pages.
+            preallocate: reserve the space now (`posix_fallocate`) rather than sparsely.
+            progress: called as `progress(done, total)` after each preallocated chunk
+                and once with `done == total` at the end.
+
+        Returns:
+            The open, writable page file.
+
+        Raises:
+            InvalidRequest: the geometry is invalid (no page fits) or the path escapes.
+            NamespaceConflict: the file exists with a different size.
+            StorageError: the file cannot be created or sized (permissions, no space).
+        """
+        slot = slot_bytes(page_bytes)
+        if isinstance(file_size, bool) or not isinstance(file_size, int) or file_size < slot:
+            raise InvalidRequest(
+                f"file_size {file_size!r} holds no page of {slot} bytes (page_bytes={page_bytes})"
+            )
+        relpath = rank_file_name(namespace_id, rank)
+        path = resolve_under(root, relpath)
+        partial = path.with_name(path.name + _PARTIAL_SUFFIX)
+        if not path.exists():
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                fd = os.open(partial, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+                try:
+                    start = os.fstat(fd).st_size
+                    if start > file_size:
+                        os.ftruncate(fd, file_size)
+                        start = file_size
+                    logger.info(
+                        "creating page file %s: %d bytes (%s)",
+                        path,
+                        file_size,
+                        f"resuming at {start}" if start else "new",
+                    )
+                    _preallocate(fd, start, file_size, preallocate, progress)
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+                os.rename(partial, path)
+            except FileNotFoundError:
+                if not path.exists():  # another creator renamed it first: fine if it exists
+                    raise StorageError(f"page file {path} vanished while being created") from None
+            except OSError as exc:
+                if exc.errno == errno.ENOSPC:
+                    partial.unlink(missing_ok=True)
+                raise StorageError(f"cannot create page file {path}: {exc}") from None
+        size = cls._size_of(path)
+        if size != file_size:
+            raise NamespaceConflict(
+                f"page file {path} exists with {size} bytes, not the {file_size} requested",
+                hint="use the storage.file_size it was created with, or evict the namespace "
+                "and remove its directory",
+            )
+        if progress is not None:
+            progress(file_size, file_size)
+        return cls.open(root, relpath, page_bytes, file_size // slot)
+
+    @classmethod
+    def open(
+        cls,
+        root: str | os.PathLike[str],
+        relpath: str,
+        page_bytes: int,
+        num_pages: int,
+        *,
+        writable: bool = True,
+    ) -> PageFile:
+        """Open an existing page file.
+
+        Args:
+            root: the storage root.
+            relpath: the file relative to `root` (as `rank_file_name` returns it).
+            page_bytes: bytes of one page.
+            num_pages: pages the caller expects; the file must be at least this large.
+            writable: open for reading and writing (else read-only).
+
+        Raises:
+            InvalidRequest: the path escapes the root or the geometry is invalid.
+            NotFound: the file does not exist.
+            StorageError: the file is too small or cannot be opened.
+        """
+        slot = slot_bytes(page_bytes)
+        if isinstance(num_pages, bool) or not isinstance(num_pages, int) or num_pages <= 0:
+            raise InvalidRequest(f"num_pages must be a positive integer, got {num_pages!r}")
+        path = resolve_under(root, relpath)
+        flags = (os.O_RDWR if writable else os.O_RDONLY) | os.O_CLOEXEC
+        try:
+            fd = os.open(path, flags)
+        except FileNotFoundError:
+            raise NotFound(
+                f"page file {path} does not exist", hint="create it with `hf3fsctl init`"
+            ) from None
+        except OSError as exc:
+            raise StorageError(f"cannot open page file {path}: {exc}") from None
+        size = os.fstat(fd).st_size
+        if size < num_pages * slot:
+            os.close(fd)
+            raise StorageError(
+                f"page file {path} has {size} bytes, too small for {num_pages} pages of "
+                f"{slot} bytes"
+            )
+        return cls(Path(root).resolve(), relpath, path, page_bytes, num_pages, fd, writable)
+
+    @staticmethod
+    def _size_of(path: Path) -> int:
+        try:
+            return path.stat().st_size
+        except OSError as exc:
+            raise StorageError(f"cannot stat page file {path}: {exc}") from None
+
+    def offset(self, page: int) -> int:
+        """Byte offset of `page`'s slot. Raises `InvalidRequest` when out of range."""
+        if isinstance(page, bool) or not isinstance(page, int) or not 0 <= page < self.num_pages:
+            raise InvalidRequest(
+                f"page {page!r} is out of range for {self.relpath} ({self.num_pages} pages)"
+            )
+        return page * self.slot_bytes
+
+    def direct_fd(self) -> int | None:
+        """A second descriptor opened with O_DIRECT, or None where the file system refuses it."""
+        with self._lock:
+            if not self._direct_tried and self.fd >= 0:
+                self._direct_tried = True
+                flags = (os.O_RDWR if self.writable else os.O_RDONLY) | os.O_CLOEXEC
+                try:
+                    self._direct_fd = os.open(self.path, flags | getattr(os, "O_DIRECT", 0))
+                except OSError as exc:
+                    logger.warning(
+                        "O_DIRECT refused for %s (%s); using the page cache", self.path, exc
+                    )
+            return self._direct_fd
+
+    def sync(self) -> None:
+        """Flush written pages to stable storage (`fdatasync`)."""
+        os.fdatasync(self.fd)
+
+    def close(self) -> None:
+        """Close the file's descriptors (idempotent)."""
+        with self._lock:
+            for fd in (self.fd, self._direct_fd):
+                if fd is not None and fd >= 0:
+                    os.close(fd)
+            self.fd = -1
+            self._direct_fd = None
+            self._direct_tried = True
+
+    def __enter__(self) -> PageFile:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return (
+            f"PageFile({self.relpath!r}, page_bytes={self.page_bytes}, "
+            f"num_pages={self.num_pages}, fd={self.fd})"
+        )
+
+    def describe(self) -> dict[str, Any]:
+        """The file's geometry as plain values (for `stats`/`doctor`)."""
+        return {
+            "path": str(self.path),
+            "relpath": self.relpath,
+            "page_bytes": self.page_bytes,
+            "slot_bytes": self.slot_bytes,
+            "num_pages": self.num_pages,
+        }

@@ -1,0 +1,333 @@
+"""The POSIX I/O engine: parallel, vectored ``preadv``/``pwritev`` straight into caller buffers.
+
+Contract (beyond `hf3fsctl.storage.engine.IOEngine`):
+    * No copies: the kernel reads into / writes from the caller's buffers themselves.
+    * Pages whose slots are adjacent in the file are moved by one vectored call; the
+      gap between ``page_bytes`` and ``slot_bytes`` is bridged by a scratch (read) or zero
+      (write) iovec, which touches only the unused tail of a slot, never a neighbour page.
+    * A batch is split into at most ``io_threads`` tasks run on a thread pool (the calls
+      release the GIL); a single-task batch runs in the calling thread.
+    * Short transfers are resumed; end of file leaves the uncovered pages "short". An
+      error in a multi-page call is retried page by page so it is attributed exactly.
+    * With ``o_direct``, a task uses the file's O_DIRECT descriptor only when every buffer
+      address, length and the offset are 4096-aligned, and falls back to the page cache
+      if the kernel refuses (EINVAL).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import math
+import os
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from hf3fsctl.errors import InvalidRequest, StorageError
+from hf3fsctl.storage.checksum import checksum, page_checksum
+from hf3fsctl.storage.engine import (
+    ERROR_BOUNDS,
+    ERROR_CHECKSUM,
+    ERROR_IO,
+    ERROR_SHORT,
+    Buffer,
+    PageResult,
+)
+from hf3fsctl.storage.layout import PAGE_ALIGN, PageFile
+
+logger = logging.getLogger(__name__)
+
+# Smallest share of a batch worth handing to another thread.
+MIN_TASK_BYTES = 256 * 1024
+_ZEROS = bytes(PAGE_ALIGN)
+
+
+@dataclass
+class _Op:
+    """One page of a request: where it goes and the caller's bytes."""
+
+    index: int  # position in the caller's request
+    page: int
+    offset: int
+    view: memoryview  # exactly the bytes to transfer
+    expected: str | None = None
+
+
+def _byte_view(buffer: Buffer) -> memoryview:
+    view = buffer if isinstance(buffer, memoryview) else memoryview(buffer)
+    if view.format != "B" or view.ndim != 1:
+        if not view.c_contiguous:
+            raise ValueError("buffer is not contiguous")
+        view = view.cast("B")
+    elif not view.c_contiguous:
+        raise ValueError("buffer is not contiguous")
+    return view
+
+
+def _address(view: memoryview) -> int:
+    import numpy as np  # only on the O_DIRECT path
+
+    return int(np.frombuffer(view, dtype=np.uint8).ctypes.data)
+
+
+class PosixEngine:
+    """Parallel vectored POSIX I/O on page files."""
+
+    name = "posix"
+
+    def __init__(self, *, io_threads: int = 16, o_direct: bool = False) -> None:
+        """Start the engine.
+
+        Args:
+            io_threads: the most threads one batch is spread over.
+            o_direct: bypass the page cache where everything is 4096-aligned.
+        """
+        if io_threads < 1:
+            raise InvalidRequest(f"io_threads must be at least 1, got {io_threads}")
+        self.io_threads = io_threads
+        self.o_direct = o_direct
+        self._iov_max = max(2, os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024)
+        self._pool: ThreadPoolExecutor | None = (
+            ThreadPoolExecutor(max_workers=io_threads - 1, thread_name_prefix="hf3fs-io")
+            if io_threads > 1
+            else None
+        )
+        self._closed = False
+
+    def write_pages(
+        self,
+        file: PageFile,
+        pages: Sequence[int],
+        buffers: Sequence[Buffer],
+        *,
+        checksums: bool = True,
+    ) -> list[PageResult]:
+        """Write `buffers[i]` into page `pages[i]`; see `IOEngine.write_pages`."""
+        results, ops = self._prepare(file, pages, buffers, None, reading=False)
+        self._run(file, ops, results, reading=False, checksums=checksums)
+        return _finish(results)
+
+    def read_pages(
+        self,
+        file: PageFile,
+        pages: Sequence[int],
+        buffers: Sequence[Buffer],
+        *,
+        expected: Sequence[str | None] | None = None,
+    ) -> list[PageResult]:
+        """Read page `pages[i]` into `buffers[i]`; see `IOEngine.read_pages`."""
+        results, ops = self._prepare(file, pages, buffers, expected, reading=True)
+        self._run(file, ops, results, reading=True, checksums=False)
+        return _finish(results)
+
+    def close(self) -> None:
+        """Stop the I/O threads (idempotent)."""
+        self._closed = True
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+
+    def __enter__(self) -> PosixEngine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- planning -----------------------------------------------------------------------
+
+    def _prepare(
+        self,
+        file: PageFile,
+        pages: Sequence[int],
+        buffers: Sequence[Buffer],
+        expected: Sequence[str | None] | None,
+        *,
+        reading: bool,
+    ) -> tuple[list[PageResult | None], list[_Op]]:
+        if self._closed:
+            raise StorageError("the I/O engine is closed")
+        if file.fd < 0:
+            raise StorageError(f"page file {file.relpath} is closed")
+        if len(pages) != len(buffers) or (expected is not None and len(expected) != len(pages)):
+            raise InvalidRequest(
+                f"{len(pages)} pages, {len(buffers)} buffers"
+                + ("" if expected is None else f", {len(expected)} checksums")
+                + ": the lengths must match"
+            )
+        results: list[PageResult | None] = [None] * len(pages)
+        ops: list[_Op] = []
+        for index, (page, buffer) in enumerate(zip(pages, buffers, strict=True)):
+            try:
+                offset = file.offset(page)
+                view = _byte_view(buffer)
+            except (InvalidRequest, ValueError, TypeError) as exc:
+                results[index] = _failed(page, ERROR_BOUNDS, str(exc))
+                continue
+            problem = None
+            if reading and view.readonly:
+                problem = "read buffer is read-only"
+            elif reading and len(view) < file.page_bytes:
+                problem = f"read buffer has {len(view)} bytes, page has {file.page_bytes}"
+            elif not reading and not 0 < len(view) <= file.page_bytes:
+                problem = f"write buffer has {len(view)} bytes, page holds 1..{file.page_bytes}"
+            if problem is not None:
+                results[index] = _failed(page, ERROR_BOUNDS, problem)
+                continue
+            if reading:
+                view = view[: file.page_bytes]
+            ops.append(
+                _Op(index, page, offset, view, None if expected is None else expected[index])
+            )
+        return results, ops
+
+    def _plan(self, file: PageFile, ops: list[_Op]) -> list[list[_Op]]:
+        """Group ops into tasks: runs of adjacent full pages, cut to share the threads."""
+        if not ops:
+            return []
+        ops = sorted(ops, key=lambda op: op.page)
+        per_task = max(
+            math.ceil(len(ops) / self.io_threads), math.ceil(MIN_TASK_BYTES / file.slot_bytes)
+        )
+        per_task = min(per_task, self._iov_max // 2)
+        tasks: list[list[_Op]] = [[ops[0]]]
+        for prev, op in itertools.pairwise(ops):
+            current = tasks[-1]
+            adjacent = op.page == prev.page + 1 and len(prev.view) == file.page_bytes
+            if adjacent and len(current) < per_task:
+                current.append(op)
+            else:
+                tasks.append([op])
+        return tasks
+
+    def _run(
+        self,
+        file: PageFile,
+        ops: list[_Op],
+        results: list[PageResult | None],
+        *,
+        reading: bool,
+        checksums: bool,
+    ) -> None:
+        tasks = self._plan(file, ops)
+        if not tasks:
+            return
+        if self._pool is None or len(tasks) == 1:
+            outcomes = [self._task(file, task, reading, checksums) for task in tasks]
+        else:
+            futures = [
+                self._pool.submit(self._task, file, task, reading, checksums) for task in tasks[1:]
+            ]
+            outcomes = [self._task(file, tasks[0], reading, checksums)]
+            outcomes.extend(future.result() for future in futures)
+        for outcome in outcomes:
+            for op, result in outcome:
+                results[op.index] = result
+
+    # -- execution (runs on I/O threads) ------------------------------------------------
+
+    def _task(
+        self, file: PageFile, ops: list[_Op], reading: bool, checksums: bool, direct: bool = True
+    ) -> list[tuple[_Op, PageResult]]:
+        fd = self._choose_fd(file, ops) if direct else file.fd
+        try:
+            done = self._transfer(file, fd, ops, reading)
+        except OSError as exc:
+            if fd != file.fd:  # O_DIRECT refused: the page cache still works
+                logger.debug("O_DIRECT transfer failed (%s); retrying buffered", exc)
+                return self._task(file, ops, reading, checksums, direct=False)
+            if len(ops) > 1:  # find out which page failed
+                return [
+                    pair
+                    for op in ops
+                    for pair in self._task(file, [op], reading, checksums, direct=False)
+                ]
+            return [(ops[0], _failed(ops[0].page, ERROR_IO, os.strerror(exc.errno or 0)))]
+        return self._results(file, ops, done, reading, checksums)
+
+    def _choose_fd(self, file: PageFile, ops: list[_Op]) -> int:
+        if not self.o_direct or ops[0].offset % PAGE_ALIGN:
+            return file.fd
+        for op in ops:
+            if len(op.view) % PAGE_ALIGN or _address(op.view) % PAGE_ALIGN:
+                return file.fd
+        direct = file.direct_fd()
+        return file.fd if direct is None else direct
+
+    def _transfer(self, file: PageFile, fd: int, ops: list[_Op], reading: bool) -> int:
+        """Move the ops' bytes with as few vectored calls as possible; return bytes moved."""
+        iov: list[memoryview] = []
+        scratch: memoryview | None = None
+        gap = file.slot_bytes - file.page_bytes
+        if reading and gap and len(ops) > 1:
+            scratch = memoryview(bytearray(gap))
+        for position, op in enumerate(ops):
+            iov.append(op.view)
+            if position + 1 < len(ops) and gap:
+                iov.append(scratch if scratch is not None else memoryview(_ZEROS)[:gap])
+        total = sum(len(v) for v in iov)
+        done = 0
+        start = ops[0].offset
+        while done < total:
+            moved = (
+                os.preadv(fd, iov, start + done) if reading else os.pwritev(fd, iov, start + done)
+            )
+            if moved <= 0:
+                break
+            done += moved
+            iov = _advance(iov, moved)
+        return done
+
+    def _results(
+        self, file: PageFile, ops: list[_Op], done: int, reading: bool, checksums: bool
+    ) -> list[tuple[_Op, PageResult]]:
+        out: list[tuple[_Op, PageResult]] = []
+        for position, op in enumerate(ops):
+            end = position * file.slot_bytes + len(op.view)
+            if done < end:
+                kind = ERROR_SHORT if reading else ERROR_IO
+                got = max(0, min(len(op.view), done - position * file.slot_bytes))
+                out.append((op, _failed(op.page, kind, f"moved {got} of {len(op.view)} bytes")))
+            elif reading and op.expected is not None:
+                out.append((op, _verified(op)))
+            else:
+                digest = page_checksum(op.view) if checksums and not reading else None
+                out.append((op, PageResult(op.page, True, None, digest)))
+        return out
+
+
+def _verified(op: _Op) -> PageResult:
+    expected = op.expected or ""
+    algorithm = expected.split(":", 1)[0]
+    try:
+        actual = checksum(op.view, algorithm)
+    except InvalidRequest as exc:
+        return _failed(op.page, ERROR_CHECKSUM, exc.message)
+    if actual != expected:
+        return PageResult(
+            op.page, False, ERROR_CHECKSUM, actual, f"checksum {actual}, expected {expected}"
+        )
+    return PageResult(op.page, True, None, actual)
+
+
+def _advance(iov: list[memoryview], moved: int) -> list[memoryview]:
+    """Drop `moved` bytes from the front of an iovec list."""
+    for position, view in enumerate(iov):
+        if moved < len(view):
+            return [view[moved:], *iov[position + 1 :]]
+        moved -= len(view)
+    return []
+
+
+def _failed(page: Any, kind: str, detail: str) -> PageResult:
+    return PageResult(page if isinstance(page, int) else -1, False, kind, None, detail)
+
+
+def _finish(results: list[PageResult | None]) -> list[PageResult]:
+    out = [r for r in results if r is not None]
+    if len(out) != len(results):  # every op is answered by construction
+        raise AssertionError("an I/O result went missing")
+    failed = [r for r in out if not r.ok]
+    if failed:
+        logger.debug("%d of %d pages failed; first: %s", len(failed), len(out), failed[0])
+    return out
