@@ -1,0 +1,289 @@
+"""Run one real vLLM engine in a fresh subprocess and get its results back as JSON.
+
+Contract: `run_engine(EngineRun(...))` starts `python <this file> SPEC OUT` with
+`VLLM_ENABLE_V1_MULTIPROCESSING=0` (engine core, scheduler and worker in that one
+process), builds `vllm.LLM` with `enforce_eager=True` and an explicit
+`kv_cache_memory_bytes`, runs one unrelated warm-up request, then the prompts (greedy),
+shuts the engine down (so a connector finishes its asynchronous saves) and returns an
+`EngineResult`: per request the output token ids, vLLM's own `num_cached_tokens` and
+time to first token (vLLM's per-request `first_token_latency`, arrival to first token),
+the wall time, and the connector's cumulative counters
+(`hf3fsctl_connector.stats.process_totals()`) minus those of the warm-up.
+
+Every call is a fresh process, so "warm" really means another process reading the
+store. A run that fails or passes its timeout raises `EngineRunError` carrying the
+tail of the child's stderr.
+
+Stdlib only at import time: the test suite, `benchmarks/bench_vllm.py` and
+`scripts/demo.py` (which load this file by path) import it without torch or vLLM.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+# Our connector, as vLLM loads it (module path wins over the plugin registry).
+CONNECTOR_NAME = "Hf3fsctlConnector"
+CONNECTOR_MODULE = "hf3fsctl_connector.connector"
+MIB = 1 << 20
+
+
+@dataclass
+class EngineRun:
+    """One engine process: model, prompts, sampling and KV transfer settings."""
+
+    model: str  # model directory
+    prompts: list[list[int]] | list[str]  # token ids, or text
+    max_tokens: int = 8  # greedy tokens per request (ignore_eos, so always this many)
+    block_size: int = 32  # tokens per KV block (a multiple of 32 on CPU)
+    kv_transfer_config: dict[str, Any] | None = None  # None = no connector
+    kv_cache_memory_bytes: int = 128 * MIB
+    max_model_len: int = 8192
+    batch: bool = False  # one generate() for all prompts (batched); else one per prompt
+    max_num_batched_tokens: int | None = None  # chunked-prefill budget per step
+    warmup_tokens: int = 64  # length of the unrelated warm-up prompt; 0 = no warm-up
+    tensor_parallel_size: int = 1
+    dtype: str | None = None  # None = the model's own
+    env: dict[str, str] = field(default_factory=dict)  # extra environment for the child
+    timeout_s: float = 300.0
+
+
+@dataclass
+class RequestResult:
+    """What one request produced."""
+
+    prompt_tokens: int
+    output_token_ids: list[int]
+    num_cached_tokens: int  # vLLM's own count: local prefix cache + external (connector)
+    ttft_s: float  # vLLM's first_token_latency: arrival to first token
+    finish_reason: str | None
+
+
+@dataclass
+class EngineResult:
+    """What one engine process produced."""
+
+    requests: list[RequestResult]
+    engine_start_s: float  # LLM(...) construction
+    generate_s: float  # all timed generate() calls, warm-up excluded
+    wall_s: float  # the whole child process, as seen by the parent
+    connector: dict[str, Any] | None  # connector counters of the timed requests
+    connector_totals: dict[str, Any] | None  # raw cumulative counters at exit
+    stderr_tail: str = ""
+
+    @property
+    def outputs(self) -> list[list[int]]:
+        """Output token ids per request."""
+        return [r.output_token_ids for r in self.requests]
+
+    @property
+    def cached_tokens(self) -> int:
+        """Sum of vLLM's `num_cached_tokens` over the requests."""
+        return sum(r.num_cached_tokens for r in self.requests)
+
+
+class EngineRunError(RuntimeError):
+    """The engine subprocess failed or ran past its timeout."""
+
+
+def hf3fsctl_kv_config(extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """`kv_transfer_config` for our connector.
+
+    Args:
+        extra: `kv_connector_extra_config` (config file path and/or dotted overrides).
+    """
+    return {
+        "kv_connector": CONNECTOR_NAME,
+        "kv_connector_module_path": CONNECTOR_MODULE,
+        "kv_role": "kv_both",
+        "kv_load_failure_policy": "recompute",
+        "kv_connector_extra_config": dict(extra or {}),
+    }
+
+
+def example_kv_config(storage_dir: str | Path) -> dict[str, Any]:
+    """`kv_transfer_config` for vLLM's built-in `ExampleConnector` (the peer)."""
+    return {
+        "kv_connector": "ExampleConnector",
+        "kv_role": "kv_both",
+        "kv_connector_extra_config": {"shared_storage_path": str(storage_dir)},
+    }
+
+
+def shared_prefix_prompts(
+    count: int, prefix_tokens: int, suffix_tokens: int, *, seed: int = 0, vocab: int = 4096
+) -> list[list[int]]:
+    """Token-id prompts that share one random prefix and end in distinct random suffixes.
+
+    Ids avoid 0-2 (bos/eos/pad of the tiny model).
+    """
+    rng = random.Random(seed)
+    prefix = [rng.randrange(3, vocab) for _ in range(prefix_tokens)]
+    return [prefix + [rng.randrange(3, vocab) for _ in range(suffix_tokens)] for _ in range(count)]
+
+
+def run_engine(run: EngineRun) -> EngineResult:
+    """Run `run` in a fresh Python process and return its results.
+
+    Raises:
+        EngineRunError: the child exited non-zero or ran past `run.timeout_s`.
+    """
+    env = os.environ.copy()
+    env.update(
+        {
+            "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+            "VLLM_NO_USAGE_STATS": "1",
+            "DO_NOT_TRACK": "1",
+            "HF_HUB_OFFLINE": "1",
+            "TOKENIZERS_PARALLELISM": "false",
+        }
+    )
+    env.pop("PYTHONHASHSEED", None)  # vLLM's block hashes must not depend on it
+    env.update(run.env)
+    with tempfile.TemporaryDirectory(prefix="vllm-run-") as tmp:
+        spec_path, out_path = Path(tmp) / "spec.json", Path(tmp) / "out.json"
+        spec_path.write_text(json.dumps(asdict(run)))
+        start = time.perf_counter()
+        try:
+            proc = subprocess.run(
+                [sys.executable, str(Path(__file__).resolve()), str(spec_path), str(out_path)],
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=run.timeout_s,
+            )
+        except subprocess.TimeoutExpired as exc:
+            tail = _tail(exc.stderr)
+            raise EngineRunError(
+                f"vLLM run passed its {run.timeout_s:.0f} s timeout:\n{tail}"
+            ) from None
+        wall = time.perf_counter() - start
+        tail = _tail(proc.stderr)
+        if proc.returncode != 0 or not out_path.is_file():
+            raise EngineRunError(f"vLLM run exited {proc.returncode}:\n{tail}")
+        data = json.loads(out_path.read_text())
+    return EngineResult(
+        requests=[RequestResult(**r) for r in data["requests"]],
+        engine_start_s=data["engine_start_s"],
+        generate_s=data["generate_s"],
+        wall_s=wall,
+        connector=data["connector"],
+        connector_totals=data["connector_totals"],
+        stderr_tail=tail,
+    )
+
+
+def _tail(text: str | bytes | None, lines: int = 60) -> str:
+    if isinstance(text, bytes):
+        text = text.decode(errors="replace")
+    return "\n".join((text or "").splitlines()[-lines:])
+
+
+# --- the child process --------------------------------------------------------------
+
+
+def _connector_totals() -> dict[str, Any] | None:
+    """The connector's process-wide counters, or None when it is not importable."""
+    try:
+        from hf3fsctl_connector.stats import process_totals
+    except ImportError:
+        return None
+    totals = process_totals()
+    return dict(totals) if totals is not None else None
+
+
+def _delta(after: dict[str, Any] | None, before: dict[str, Any] | None) -> dict[str, Any] | None:
+    if after is None:
+        return None
+    before = before or {}
+    out: dict[str, Any] = {}
+    for key, value in after.items():
+        prev = before.get(key)
+        numeric = isinstance(value, (int, float)) and not isinstance(value, bool)
+        out[key] = value - prev if numeric and isinstance(prev, (int, float)) else value
+    return out
+
+
+def _child(spec: EngineRun) -> dict[str, Any]:
+    from vllm import LLM, SamplingParams
+
+    kwargs: dict[str, Any] = {
+        "model": spec.model,
+        "enforce_eager": True,
+        "kv_cache_memory_bytes": spec.kv_cache_memory_bytes,
+        "block_size": spec.block_size,
+        "max_model_len": spec.max_model_len,
+        "disable_log_stats": False,  # per-request metrics (first_token_latency)
+        "tensor_parallel_size": spec.tensor_parallel_size,
+        "seed": 0,
+    }
+    if spec.dtype:
+        kwargs["dtype"] = spec.dtype
+    if spec.kv_transfer_config is not None:
+        kwargs["kv_transfer_config"] = spec.kv_transfer_config
+    if spec.max_num_batched_tokens:
+        kwargs["max_num_batched_tokens"] = spec.max_num_batched_tokens
+    start = time.perf_counter()
+    llm = LLM(**kwargs)
+    engine_start = time.perf_counter() - start
+    params = SamplingParams(temperature=0.0, max_tokens=spec.max_tokens, ignore_eos=True)
+
+    def as_input(prompt: list[int] | str) -> Any:
+        return {"prompt_token_ids": prompt} if isinstance(prompt, list) else prompt
+
+    if spec.warmup_tokens:
+        # Unrelated to every prompt and to earlier processes: a miss that warms the path.
+        rng = random.Random(f"{os.getpid()}-{time.time_ns()}")
+        warm = [rng.randrange(3, 4000) for _ in range(spec.warmup_tokens)]
+        llm.generate([as_input(warm)], params, use_tqdm=False)
+    before = _connector_totals()
+    start = time.perf_counter()
+    if spec.batch:
+        outputs = llm.generate([as_input(p) for p in spec.prompts], params, use_tqdm=False)
+    else:
+        outputs = [llm.generate([as_input(p)], params, use_tqdm=False)[0] for p in spec.prompts]
+    generate_s = time.perf_counter() - start
+    llm.llm_engine.engine_core.shutdown()  # the connector drains its saves here
+    after = _connector_totals()
+    requests = []
+    for out in outputs:
+        completion = out.outputs[0]
+        metrics = out.metrics
+        requests.append(
+            {
+                "prompt_tokens": len(out.prompt_token_ids or []),
+                "output_token_ids": list(completion.token_ids),
+                "num_cached_tokens": int(out.num_cached_tokens or 0),
+                "ttft_s": float(getattr(metrics, "first_token_latency", 0.0) or 0.0),
+                "finish_reason": completion.finish_reason,
+            }
+        )
+    return {
+        "requests": requests,
+        "engine_start_s": engine_start,
+        "generate_s": generate_s,
+        "connector": _delta(after, before),
+        "connector_totals": after,
+    }
+
+
+def _main(argv: list[str]) -> None:
+    spec_path, out_path = Path(argv[0]), Path(argv[1])
+    spec = EngineRun(**json.loads(spec_path.read_text()))
+    result = _child(spec)
+    out_path.write_text(json.dumps(result))
+
+
+if __name__ == "__main__":
+    # Run by path: keep this file's folder off the import path (no accidental shadowing).
+    sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).parent]
+    _main(sys.argv[1:])
