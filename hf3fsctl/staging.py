@@ -1,0 +1,391 @@
+"""Host staging memory and the gather/scatter ops between a KV cache buffer and staging.
+
+Contract:
+    * A KV cache *segment* is one backing allocation (a uint8 view of its bytes) in which
+      block ``b`` of layer ``l`` is the byte range ``[offset + l*layer_stride +
+      b*block_stride, ... + page_size)`` (vLLM's `KVCacheTensor` geometry). A stored page
+      is that range for every layer of every segment, concatenated in (segment, layer)
+      order.
+    * `gather_blocks(segments, block_ids, out)` copies the pages of `block_ids` into
+      `out` (``[len(block_ids), page_bytes]`` uint8) with one vectorised op per segment:
+      no Python loop per block or layer. `scatter_blocks` is the inverse and writes
+      nothing but the named blocks' ranges.
+    * `gather_blocks_reference` / `scatter_blocks_reference` are the plain-loop oracle
+      the tests compare against; never used on the data path.
+    * `_ops()` is the only dispatch point (the one place compiled kernels from `csrc/`
+      will be called); it logs once which implementation is active.
+    * `StagingPool` hands out uint8 host buffers up to a fixed byte budget, reuses freed
+      ones, pins them when CUDA is available, and counts what it does. It never allocates
+      past its capacity: `acquire` waits (with a timeout) or returns None.
+
+Imports only torch and the standard library (runs on GPU nodes without the service's
+dependencies).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, Protocol
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+_ALIGN = 4096
+
+
+@dataclass(frozen=True)
+class KVSegment:
+    """One backing allocation of the KV cache and where each layer's blocks sit in it.
+
+    Attributes:
+        buffer: a 1-D uint8 tensor over the allocation's bytes (any device).
+        offset: byte offset of layer 0, block 0.
+        layer_stride: bytes between the same block of consecutive layers.
+        block_stride: bytes between consecutive blocks of one layer.
+        num_layers: layers held in this segment.
+        num_blocks: blocks per layer.
+        page_size: bytes of one block of one layer.
+    """
+
+    buffer: torch.Tensor
+    offset: int
+    layer_stride: int
+    block_stride: int
+    num_layers: int
+    num_blocks: int
+    page_size: int
+
+    @property
+    def page_bytes(self) -> int:
+        """Bytes of one block across all layers of this segment."""
+        return self.num_layers * self.page_size
+
+    def blocks_view(self) -> torch.Tensor:
+        """A `[num_blocks, num_layers, page_size]` uint8 view of the buffer (no copy)."""
+        return torch.as_strided(
+            self.buffer,
+            (self.num_blocks, self.num_layers, self.page_size),
+            (self.block_stride, self.layer_stride, 1),
+            self.offset,
+        )
+
+    def check(self) -> None:
+        """Raise ValueError unless the geometry fits the buffer and layers do not overlap."""
+        if self.buffer.dtype != torch.uint8 or self.buffer.dim() != 1:
+            raise ValueError("segment buffer must be a 1-D uint8 tensor")
+        if min(self.num_layers, self.num_blocks, self.page_size) <= 0:
+            raise ValueError(f"segment has an empty dimension: {self}")
+        last = (
+            self.offset
+            + (self.num_layers - 1) * self.layer_stride
+            + (self.num_blocks - 1) * self.block_stride
+            + self.page_size
+        )
+        if self.offset < 0 or last > self.buffer.numel():
+            raise ValueError(f"segment reaches byte {last} of a {self.buffer.numel()}-byte buffer")
+        dims = sorted([(self.block_stride, self.num_blocks), (self.layer_stride, self.num_layers)])
+        (inner, inner_n), (outer, outer_n) = dims
+        inner_ok = inner_n == 1 or inner >= self.page_size
+        outer_ok = outer_n == 1 or outer >= inner * (inner_n - 1) + self.page_size
+        if not (inner_ok and outer_ok):
+            raise ValueError(
+                f"segment pages overlap: page {self.page_size} B, block stride "
+                f"{self.block_stride}, layer stride {self.layer_stride}"
+            )
+
+
+def total_page_bytes(segments: Sequence[KVSegment]) -> int:
+    """Bytes of one stored page: every layer of every segment."""
+    return sum(s.page_bytes for s in segments)
+
+
+class _StagingOps(Protocol):
+    name: str
+
+    def gather(
+        self, segments: Sequence[KVSegment], block_ids: torch.Tensor, out: torch.Tensor
+    ) -> None: ...
+
+    def scatter(
+        self, segments: Sequence[KVSegment], block_ids: torch.Tensor, src: torch.Tensor
+    ) -> None: ...
+
+
+class _TorchOps:
+    """Pure-torch vectorised path: one index_select / index_copy_ per segment."""
+
+    name = "torch"
+
+    def gather(
+        self, segments: Sequence[KVSegment], block_ids: torch.Tensor, out: torch.Tensor
+    ) -> None:
+        column = 0
+        for seg in segments:
+            view = seg.blocks_view()
+            ids = block_ids.to(device=view.device, dtype=torch.long)
+            dst = out[:, column : column + seg.page_bytes]
+            if len(segments) == 1 and out.device == view.device:
+                torch.index_select(view, 0, ids, out=dst.view(-1, seg.num_layers, seg.page_size))
+            else:
+                selected = torch.index_select(view, 0, ids)
+                dst.view(-1, seg.num_layers, seg.page_size).copy_(selected, non_blocking=True)
+            column += seg.page_bytes
+
+    def scatter(
+        self, segments: Sequence[KVSegment], block_ids: torch.Tensor, src: torch.Tensor
+    ) -> None:
+        column = 0
+        for seg in segments:
+            view = seg.blocks_view()
+            ids = block_ids.to(device=view.device, dtype=torch.long)
+            part = src[:, column : column + seg.page_bytes].view(-1, seg.num_layers, seg.page_size)
+            if part.device != view.device:
+                part = part.to(view.device, non_blocking=True)
+            view.index_copy_(0, ids, part)
+            column += seg.page_bytes
+
+
+_ACTIVE_OPS: _StagingOps | None = None
+_OPS_LOCK = threading.Lock()
+
+
+def _ops() -> _StagingOps:
+    """The gather/scatter implementation in use (compiled kernels when built, else torch)."""
+    global _ACTIVE_OPS
+    if _ACTIVE_OPS is None:
+        with _OPS_LOCK:
+            if _ACTIVE_OPS is None:
+                _ACTIVE_OPS = _TorchOps()
+                logger.info(
+                    "staging gather/scatter: %s path (no compiled hf3fsctl ops loaded)",
+                    _ACTIVE_OPS.name,
+                )
+    return _ACTIVE_OPS
+
+
+def _as_index(block_ids: Sequence[int] | torch.Tensor) -> torch.Tensor:
+    if isinstance(block_ids, torch.Tensor):
+        return block_ids.to(torch.long)
+    return torch.tensor(list(block_ids), dtype=torch.long)
+
+
+def _check_batch(segments: Sequence[KVSegment], n: int, tensor: torch.Tensor, what: str) -> None:
+    if not segments:
+        raise ValueError("no KV cache segments")
+    page = total_page_bytes(segments)
+    if tensor.dtype != torch.uint8 or tuple(tensor.shape) != (n, page):
+        raise ValueError(
+            f"{what} must be uint8 [{n}, {page}], got {tensor.dtype} {tuple(tensor.shape)}"
+        )
+    if not tensor.is_contiguous():
+        raise ValueError(f"{what} must be contiguous")
+
+
+def gather_blocks(
+    segments: Sequence[KVSegment],
+    block_ids: Sequence[int] | torch.Tensor,
+    out: torch.Tensor,
+) -> None:
+    """Copy the pages of `block_ids` (all layers) from the KV cache into `out`.
+
+    Args:
+        segments: the KV cache segments (usually one).
+        block_ids: blocks to copy, in the order their pages go into `out`.
+        out: contiguous uint8 `[len(block_ids), total_page_bytes(segments)]`.
+    """
+    ids = _as_index(block_ids)
+    _check_batch(segments, int(ids.numel()), out, "out")
+    if ids.numel():
+        _ops().gather(segments, ids, out)
+
+
+def scatter_blocks(
+    segments: Sequence[KVSegment],
+    block_ids: Sequence[int] | torch.Tensor,
+    src: torch.Tensor,
+) -> None:
+    """Copy pages from `src` into the KV cache blocks `block_ids`; nothing else is written.
+
+    Args:
+        segments: the KV cache segments (usually one).
+        block_ids: destination blocks, one per row of `src` (no duplicates).
+        src: contiguous uint8 `[len(block_ids), total_page_bytes(segments)]`.
+    """
+    ids = _as_index(block_ids)
+    _check_batch(segments, int(ids.numel()), src, "src")
+    if ids.numel():
+        _ops().scatter(segments, ids, src)
+
+
+def gather_blocks_reference(
+    segments: Sequence[KVSegment], block_ids: Sequence[int], out: torch.Tensor
+) -> None:
+    """Loop oracle for `gather_blocks`: one byte-range copy per (block, layer)."""
+    for row, block in enumerate(block_ids):
+        column = 0
+        for seg in segments:
+            for layer in range(seg.num_layers):
+                start = seg.offset + layer * seg.layer_stride + int(block) * seg.block_stride
+                out[row, column : column + seg.page_size].copy_(
+                    seg.buffer[start : start + seg.page_size]
+                )
+                column += seg.page_size
+
+
+def scatter_blocks_reference(
+    segments: Sequence[KVSegment], block_ids: Sequence[int], src: torch.Tensor
+) -> None:
+    """Loop oracle for `scatter_blocks`."""
+    for row, block in enumerate(block_ids):
+        column = 0
+        for seg in segments:
+            for layer in range(seg.num_layers):
+                start = seg.offset + layer * seg.layer_stride + int(block) * seg.block_stride
+                seg.buffer[start : start + seg.page_size].copy_(
+                    src[row, column : column + seg.page_size]
+                )
+                column += seg.page_size
+
+
+class StagingBuffer:
+    """A leased staging buffer: `tensor` is a contiguous `[rows, row_bytes]` uint8 view."""
+
+    def __init__(self, pool: StagingPool, block: torch.Tensor, rows: int, row_bytes: int) -> None:
+        self._pool = pool
+        self._block: torch.Tensor | None = block
+        self.tensor = block[: rows * row_bytes].view(rows, row_bytes)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes this lease holds from the pool (its size class)."""
+        return 0 if self._block is None else int(self._block.numel())
+
+    def rows(self) -> list[Any]:
+        """One writable buffer-protocol object per row (numpy views, no copies)."""
+        array = self.tensor.numpy()
+        return [array[i] for i in range(array.shape[0])]
+
+    def release(self) -> None:
+        """Give the memory back to the pool (idempotent)."""
+        block, self._block = self._block, None
+        if block is not None:
+            self._pool._give_back(block)
+
+    def __enter__(self) -> StagingBuffer:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.release()
+
+
+def _size_class(nbytes: int) -> int:
+    size = _ALIGN
+    while size < nbytes:
+        size *= 2
+    return size
+
+
+class StagingPool:
+    """A bounded pool of host staging buffers (pinned when CUDA is available).
+
+    Buffers are allocated on demand in power-of-two size classes, kept after release and
+    reused; the bytes held (in use + cached) never exceed `capacity_bytes` — cached
+    buffers of other sizes are dropped to make room before an acquire has to wait.
+    """
+
+    def __init__(self, capacity_bytes: int, *, pin: bool | None = None) -> None:
+        """Create an empty pool.
+
+        Args:
+            capacity_bytes: most bytes the pool ever holds.
+            pin: pin buffers in page-locked memory; default: when CUDA is available.
+        """
+        if capacity_bytes <= 0:
+            raise ValueError(f"staging capacity must be positive, got {capacity_bytes}")
+        self.capacity_bytes = capacity_bytes
+        self.pinned = torch.cuda.is_available() if pin is None else pin
+        self._cond = threading.Condition()
+        self._free: dict[int, list[torch.Tensor]] = {}
+        self._held = 0  # bytes allocated (in use + cached free)
+        self._in_use = 0
+        self.peak_in_use = 0
+        self.acquires = 0
+        self.allocations = 0
+        self.exhausted = 0
+
+    @property
+    def in_use_bytes(self) -> int:
+        """Bytes currently leased out."""
+        return self._in_use
+
+    def counters(self) -> dict[str, int]:
+        """Counts for stats and logs."""
+        with self._cond:
+            return {
+                "capacity_bytes": self.capacity_bytes,
+                "held_bytes": self._held,
+                "in_use_bytes": self._in_use,
+                "peak_in_use_bytes": self.peak_in_use,
+                "acquires": self.acquires,
+                "allocations": self.allocations,
+                "exhausted": self.exhausted,
+            }
+
+    def acquire(self, rows: int, row_bytes: int, timeout_s: float = 0.0) -> StagingBuffer | None:
+        """Lease a `[rows, row_bytes]` buffer, waiting up to `timeout_s` for room.
+
+        Returns:
+            The buffer, or None when the pool cannot hold it within the timeout (counted
+            as `exhausted`). A request larger than the whole pool returns None at once.
+        """
+        size = _size_class(max(1, rows * row_bytes))
+        deadline = time.monotonic() + timeout_s
+        with self._cond:
+            self.acquires += 1
+            if size > self.capacity_bytes:
+                self.exhausted += 1
+                return None
+            while True:
+                block = self._take_locked(size)
+                if block is not None:
+                    self._in_use += size
+                    self.peak_in_use = max(self.peak_in_use, self._in_use)
+                    return StagingBuffer(self, block, rows, row_bytes)
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    self.exhausted += 1
+                    return None
+                self._cond.wait(remaining)
+
+    def _take_locked(self, size: int) -> torch.Tensor | None:
+        cached = self._free.get(size)
+        if cached:
+            return cached.pop()
+        # Drop cached buffers of other sizes until the new one fits.
+        while self._held + size > self.capacity_bytes:
+            victim = next((k for k, v in self._free.items() if v), None)
+            if victim is None:
+                return None
+            self._free[victim].pop()
+            self._held -= victim
+        self._held += size
+        self.allocations += 1
+        return torch.empty(size, dtype=torch.uint8, pin_memory=self.pinned)
+
+    def _give_back(self, block: torch.Tensor) -> None:
+        size = int(block.numel())
+        with self._cond:
+            self._in_use -= size
+            self._free.setdefault(size, []).append(block)
+            self._cond.notify_all()
