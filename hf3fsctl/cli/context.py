@@ -1,0 +1,110 @@
+"""What most commands need first: the configuration and the metadata client.
+
+`load(ctx, path)` honours a per-command `--config` over the global one (both also read
+`HF3FSCTL_CONFIG`), then `hf3fsctl.config.load_config`'s search order. `open_client`
+opens the client the configuration points at (embedded SQLite or `hf3fsctl serve`),
+and `resolve_namespace` accepts a namespace id or an unambiguous prefix of one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import typer
+
+from hf3fsctl.errors import InvalidRequest, NotFound
+
+if TYPE_CHECKING:
+    from hf3fsctl.config import Config
+    from hf3fsctl.meta.client import MetadataClient
+
+
+def load(
+    ctx: typer.Context,
+    path: Path | None = None,
+    overrides: Mapping[str, Any] | None = None,
+) -> Config:
+    """Load the configuration for a command.
+
+    Args:
+        ctx: the command's context (its parent holds the global `--config`).
+        path: the command's own `--config`, which wins over the global one.
+        overrides: dotted config keys set by flags (`None` values are ignored).
+
+    Raises:
+        ConfigError: naming the bad key, value and fix.
+    """
+    from hf3fsctl.config import load_config
+
+    if path is None:
+        root = ctx.find_root()
+        if isinstance(root.obj, dict):
+            path = root.obj.get("config")
+    return load_config(path, overrides)
+
+
+def connect(config: Config, *, create: bool = False) -> MetadataClient:
+    """The metadata client of a configuration (the caller closes it).
+
+    Args:
+        config: the loaded configuration.
+        create: for an embedded (`sqlite:///`) URL, create the database if missing;
+            otherwise a missing database is `NotFound` (only `init` creates stores).
+    """
+    from hf3fsctl.meta.client import connect as connect_url
+
+    db = sqlite_path(config.metadata_url)
+    if db is not None and not create and not db.exists():
+        raise NotFound(
+            f"metadata database {db} does not exist",
+            hint=f"create the store with `hf3fsctl init --storage-path {config.storage.path}`, "
+            "or point metadata.url / --config at an existing one",
+        )
+    return connect_url(config)
+
+
+@contextmanager
+def open_client(config: Config, *, create: bool = False) -> Iterator[MetadataClient]:
+    """`connect`, closed on exit."""
+    client = connect(config, create=create)
+    try:
+        yield client
+    finally:
+        client.close()
+
+
+def resolve_namespace(client: MetadataClient, value: str | None) -> str | None:
+    """A namespace id from a full id or a unique prefix (as `stats` and `ls` print them).
+
+    Raises:
+        NotFound: no registered namespace starts with `value`.
+        InvalidRequest: the prefix matches several namespaces.
+    """
+    if value is None:
+        return None
+    value = value.strip().lower()
+    ids = [info.id for info in client.namespaces()]
+    if value in ids:
+        return value
+    matches = [ns for ns in ids if ns.startswith(value)]
+    if len(matches) == 1:
+        return matches[0]
+    if not matches:
+        raise NotFound(
+            f"no namespace {value!r}", hint="`hf3fsctl stats` lists the registered namespaces"
+        )
+    raise InvalidRequest(
+        f"namespace prefix {value!r} matches {len(matches)} namespaces: {', '.join(matches)}",
+        hint="give more digits of the namespace id",
+    )
+
+
+def sqlite_path(url: str) -> Path | None:
+    """The database file of a `sqlite:///PATH` metadata URL, else None."""
+    prefix = "sqlite:///"
+    if not url.startswith(prefix):
+        return None
+    return Path("/" + url[len(prefix) :].lstrip("/"))

@@ -1,0 +1,210 @@
+"""`hf3fsctl doctor`: check a deployment, each check ok / warn / fail with a reason and a fix.
+
+Checks, in order (a check that cannot run because an earlier one failed is `skip`):
+
+1. config: it loads, and from where.
+2. storage: the root exists and is writable, free space, the mount and its file-system
+   type (`/proc/mounts`), the I/O engine that would be used and why.
+3. metadata: the service answers (`health()`), an authenticated call is accepted,
+   and (embedded SQLite) the store's invariants hold.
+4. namespaces (`doctor_store`): manifests on disk match the registered ones, page files
+   exist with the registered size; with `--checksums`, committed pages read back and
+   match their checksums.
+
+Exit code 1 when any check fails (0 with only warnings).
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from hf3fsctl.cli import context, doctor_store, output
+from hf3fsctl.cli.checks import Report
+from hf3fsctl.cli.errors import EXIT_CHECK_FAILED
+from hf3fsctl.cli.init import check_writable
+from hf3fsctl.cli.options import ConfigOpt, JsonOpt
+from hf3fsctl.errors import AuthError, ConfigError, Hf3fsctlError
+
+if TYPE_CHECKING:
+    from hf3fsctl.config import Config
+    from hf3fsctl.meta.client import MetadataClient
+
+
+def check_config(report: Report, ctx: typer.Context, path: Path | None) -> Config | None:
+    """The config loads; say from where."""
+    try:
+        cfg = context.load(ctx, path)
+    except ConfigError as exc:
+        report.add("config", "fail", exc.message, exc.hint)
+        return None
+    report.add("config", "ok", f"loaded from {cfg.source or 'the packaged defaults'}")
+    return cfg
+
+
+def check_storage(report: Report, cfg: Config) -> bool:
+    """The storage root exists, is writable, has room; its mount and engine. True if usable."""
+    from hf3fsctl.config import format_size
+    from hf3fsctl.storage.engine import describe_engine_choice
+
+    root = Path(cfg.storage.path)
+    if not root.is_dir():
+        report.add(
+            "storage.path",
+            "fail",
+            f"{root} does not exist",
+            f"hf3fsctl init --storage-path {root}",
+        )
+        return False
+    report.add("storage.path", "ok", f"{root} exists")
+    try:
+        check_writable(root)
+    except Hf3fsctlError as exc:
+        report.add("storage.writable", "fail", exc.message, "fix the permissions or the mount")
+        return False
+    report.add("storage.writable", "ok", "a probe file was written, synced and removed")
+    usage = shutil.disk_usage(root)
+    detail = f"{format_size(usage.free)} free of {format_size(usage.total)}"
+    if usage.free < cfg.storage.file_size:
+        report.add(
+            "storage.free_space",
+            "warn",
+            f"{detail}: less than one page file ({format_size(cfg.storage.file_size)})",
+            "free space, or lower storage.file_size for new namespaces",
+        )
+    else:
+        report.add("storage.free_space", "ok", detail)
+    choice = describe_engine_choice(cfg.storage.engine, root)
+    report.add(
+        "storage.mount",
+        "ok",
+        f"{choice['mount_point'] or '?'} ({choice['fstype']})"
+        + (", a 3FS mount" if choice["on_3fs"] else ""),
+    )
+    if choice["engine"] is None:
+        report.add(
+            "storage.engine",
+            "fail",
+            choice["reason"],
+            "set storage.engine to auto or posix, or install the 3FS USRBIO binding",
+        )
+    elif choice["on_3fs"] and choice["engine"] != "usrbio":
+        report.add(
+            "storage.engine",
+            "warn",
+            f"{choice['engine']}: {choice['reason']}",
+            "install the 3FS USRBIO Python binding (hf3fs_fuse) for full speed",
+        )
+    else:
+        report.add("storage.engine", "ok", f"{choice['engine']}: {choice['reason']}")
+    return True
+
+
+def check_metadata(report: Report, client: MetadataClient) -> bool:
+    """The service answers, and accepts an authenticated call. True if both."""
+    embedded = client.url.startswith("sqlite:")
+    try:
+        client.health()
+    except Hf3fsctlError as exc:
+        report.add("metadata.reachable", "fail", f"{client.url}: {exc.message}", exc.hint)
+        report.add("metadata.auth", "skip", "the service did not answer")
+        return False
+    report.add("metadata.reachable", "ok", f"{client.url} answers")
+    if embedded:
+        report.add("metadata.auth", "skip", "embedded SQLite store: no authentication")
+        return True
+    try:
+        client.stats()
+    except AuthError as exc:
+        report.add("metadata.auth", "fail", exc.message, exc.hint)
+        return False
+    except Hf3fsctlError as exc:
+        report.add(
+            "metadata.auth", "fail", f"an authenticated call failed: {exc.message}", exc.hint
+        )
+        return False
+    report.add("metadata.auth", "ok", "an authenticated call (stats) was accepted")
+    return True
+
+
+def check_invariants(report: Report, cfg: Config) -> None:
+    """The embedded store's invariants (pages owned once, counts consistent, …)."""
+    db = context.sqlite_path(cfg.metadata_url)
+    if db is None:
+        report.add(
+            "metadata.invariants",
+            "skip",
+            "checked only on the store's host",
+            f"on the server host: HF3FSCTL_METADATA_URL=sqlite:///{cfg.storage.path}/metadata.db "
+            "hf3fsctl doctor",
+        )
+        return
+    from hf3fsctl.meta.store import MetadataStore
+
+    store = MetadataStore(db)
+    try:
+        problems = store.check_invariants()
+    finally:
+        store.close()
+    if problems:
+        shown = "; ".join(problems[:5]) + (
+            f"; … {len(problems) - 5} more" if len(problems) > 5 else ""
+        )
+        report.add(
+            "metadata.invariants",
+            "fail",
+            f"{len(problems)} violations: {shown}",
+            "stop writers, back up the DB, then `hf3fsctl evict --all -y` to reset the index",
+        )
+    else:
+        report.add("metadata.invariants", "ok", f"{db} is consistent")
+
+
+def doctor(
+    ctx: typer.Context,
+    config: ConfigOpt = None,
+    checksums: Annotated[
+        bool, typer.Option("--checksums", help="Read back committed pages and verify checksums.")
+    ] = False,
+    sample: Annotated[
+        int, typer.Option("--sample", min=1, help="Pages to verify per namespace with --checksums.")
+    ] = 256,
+    all_pages: Annotated[
+        bool, typer.Option("--all-pages", help="With --checksums: verify every committed page.")
+    ] = False,
+    json: JsonOpt = False,
+) -> None:
+    """Check the deployment: config, storage, engine, metadata, auth, manifests, pages."""
+    report = Report()
+    cfg = check_config(report, ctx, config)
+    if cfg is not None:
+        storage_ok = check_storage(report, cfg)
+        try:
+            client = context.connect(cfg)
+        except Hf3fsctlError as exc:
+            report.add("metadata.reachable", "fail", exc.message, exc.hint)
+        else:
+            try:
+                if check_metadata(report, client):
+                    check_invariants(report, cfg)
+                    if storage_ok:
+                        doctor_store.check_namespaces(report, cfg, client)
+                        if checksums:
+                            doctor_store.check_checksums(
+                                report,
+                                cfg,
+                                client,
+                                sample=None if all_pages else sample,
+                                show_progress=not json,
+                            )
+            finally:
+                client.close()
+    if json:
+        output.print_json(report.to_dict())
+    else:
+        output.show(output.table(["status", "check", "detail", "fix"], report.rows()))
+    if report.failed:
+        raise typer.Exit(EXIT_CHECK_FAILED)

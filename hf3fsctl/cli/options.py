@@ -1,0 +1,55 @@
+"""Options shared by several commands, declared once as `Annotated` aliases.
+
+Every command that reads the configuration takes `ConfigOpt`; commands with a machine
+readable result take `JsonOpt`; destructive ones take `YesOpt` and `DryRunOpt`. The
+duration parser for `--older-than`-style flags lives here too, so every flag that takes
+a duration accepts the same spellings (`90`, `90s`, `30m`, `2h`, `7d`, `1w`).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+ConfigOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--config",
+        "-c",
+        envvar="HF3FSCTL_CONFIG",
+        metavar="PATH",
+        help="Config file (default: ./hf3fs.yaml, ~/.config/hf3fsctl/config.yaml, "
+        "/etc/hf3fsctl/config.yaml, else the packaged defaults).",
+        show_default=False,
+    ),
+]
+JsonOpt = Annotated[
+    bool,
+    typer.Option("--json", help="Print one JSON document on stdout (no tables, no progress)."),
+]
+YesOpt = Annotated[
+    bool,
+    typer.Option("--yes", "-y", help="Do it without asking (required when stdin is not a TTY)."),
+]
+DryRunOpt = Annotated[
+    bool,
+    typer.Option("--dry-run", help="Show what would happen; change nothing."),
+]
+
+_DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$")
+_DURATION_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+
+
+def parse_duration(value: str) -> float:
+    """Parse `90`, `90s`, `30m`, `2h`, `7d` or `1w` into seconds.
+
+    Raises:
+        typer.BadParameter: when the value is not a duration (a usage error, exit 2).
+    """
+    match = _DURATION_RE.match(str(value).lower())
+    if match is None:
+        raise typer.BadParameter(f"{value!r} is not a duration; use e.g. 90s, 30m, 2h, 7d")
+    return float(match.group(1)) * _DURATION_UNITS[match.group(2)]

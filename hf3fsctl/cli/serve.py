@@ -1,0 +1,122 @@
+"""`hf3fsctl serve`: run the shared metadata service (FastAPI + uvicorn) over SQLite.
+
+The service always keeps its data in SQLite: the file of `metadata.url` when that is a
+`sqlite:///` URL, else `<storage.path>/metadata.db` (a config whose `metadata.url`
+points at this very server is the normal client-side config, so it can be shared).
+Flags default to the config's `server.*` keys.
+
+Secure by default (DESIGN decision 11): it binds loopback unless told otherwise, and it
+refuses a non-loopback address without a token file unless `--insecure` is given.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from hf3fsctl.cli import context, output
+from hf3fsctl.cli.options import ConfigOpt
+from hf3fsctl.errors import ConfigError, InvalidRequest
+
+
+def is_loopback(host: str) -> bool:
+    """Whether `host` only accepts connections from this machine."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def read_token(path: str) -> str:
+    """The bearer token in `path` (surrounding whitespace removed).
+
+    Raises:
+        ConfigError: the file cannot be read or is empty.
+    """
+    try:
+        token = Path(path).read_text().strip()
+    except OSError as exc:
+        raise ConfigError(
+            f"server.token_file: cannot read {path!r}: {exc.strerror}",
+            hint="create it with e.g. `openssl rand -hex 32 > FILE && chmod 600 FILE`",
+        ) from None
+    if not token:
+        raise ConfigError(f"server.token_file: {path!r} is empty")
+    return token
+
+
+def serve(
+    ctx: typer.Context,
+    config: ConfigOpt = None,
+    host: Annotated[
+        str | None,
+        typer.Option("--host", help="Bind address [default: server.host, 127.0.0.1]."),
+    ] = None,
+    port: Annotated[
+        int | None, typer.Option("--port", help="TCP port [default: server.port, 18765].")
+    ] = None,
+    token_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--token-file",
+            help="File holding the bearer token clients must send [default: server.token_file].",
+        ),
+    ] = None,
+    insecure: Annotated[
+        bool,
+        typer.Option("--insecure", help="Allow a non-loopback address without a token."),
+    ] = False,
+    log_level: Annotated[
+        str, typer.Option("--log-level", help="uvicorn log level (info, warning, …).")
+    ] = "info",
+) -> None:
+    """Run the metadata service that vLLM instances on many nodes share."""
+    cfg = context.load(
+        ctx,
+        config,
+        {
+            "server.host": host,
+            "server.port": port,
+            "server.token_file": str(token_file) if token_file else None,
+        },
+    )
+    server = cfg.server
+    token = read_token(server.token_file) if server.token_file else None
+    if token is None and not is_loopback(server.host):
+        if not insecure:
+            raise InvalidRequest(
+                f"refusing to serve on {server.host} without a token: anyone who can reach "
+                "it could evict or overwrite the cache",
+                hint="pass --token-file FILE (clients set metadata.token_file), "
+                "or --insecure on a trusted network",
+            )
+        output.warning(
+            f"serving on {server.host} WITHOUT authentication (--insecure): anyone who can "
+            "reach this port can read, evict and overwrite cache metadata"
+        )
+    db = context.sqlite_path(cfg.metadata.url) or Path(cfg.storage.path) / "metadata.db"
+    db.parent.mkdir(parents=True, exist_ok=True)
+    output.info(
+        f"metadata service on http://{server.host}:{server.port} "
+        f"(db {db}, auth {'on' if token else 'off'})"
+    )
+    from hf3fsctl.meta.server import run_server
+
+    md = cfg.metadata
+    run_server(
+        str(db),
+        server.host,
+        server.port,
+        token=token,
+        max_body_bytes=server.max_body_bytes,
+        max_batch=server.max_batch,
+        lease_s=md.lease_s,
+        high_watermark=md.high_watermark,
+        low_watermark=md.low_watermark,
+        log_level=log_level,
+    )

@@ -1,0 +1,151 @@
+"""`hf3fsctl stats`: capacity, usage, hit rates and namespaces of the store.
+
+`--json` prints one document: the store's `StoreStats` plus derived fields (usage,
+per-namespace lookup hit rate) and the metadata URL. `--watch SECONDS` redraws the
+tables with Rich Live until Ctrl-C (not with `--json`, which is one document).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+from hf3fsctl.cli import context, output
+from hf3fsctl.cli.options import ConfigOpt, JsonOpt
+from hf3fsctl.errors import InvalidRequest
+
+if TYPE_CHECKING:
+    from rich.console import RenderableType
+
+    from hf3fsctl.meta.models import NamespaceStats, StoreStats
+
+
+def storage_space(path: str) -> dict[str, Any]:
+    """The storage root and its file system's free space (None where it is not mounted here)."""
+    import shutil
+
+    try:
+        usage = shutil.disk_usage(path)
+    except OSError:
+        return {"path": path, "fs_total_bytes": None, "fs_free_bytes": None}
+    return {"path": path, "fs_total_bytes": usage.total, "fs_free_bytes": usage.free}
+
+
+def stats_document(url: str, storage: dict[str, Any], stats: StoreStats) -> dict[str, Any]:
+    """The `--json` document: the store's stats, with usage and hit rates added."""
+    document: dict[str, Any] = {"metadata_url": url, "storage": storage, **stats.model_dump()}
+    document["usage"] = stats.usage
+    for ns, ns_doc in zip(stats.namespaces, document["namespaces"], strict=True):
+        ns_doc["lookup_hit_rate"] = ns.hit_keys / ns.lookup_keys if ns.lookup_keys else None
+    return document
+
+
+def _manifest_field(ns: NamespaceStats, name: str) -> str:
+    value = ns.manifest.get(name)
+    return "-" if value is None else str(value)
+
+
+def render(url: str, storage: dict[str, Any], stats: StoreStats) -> RenderableType:
+    """The tables people see: a summary and one row per namespace."""
+    from rich.console import Group
+
+    from hf3fsctl.config import format_size
+
+    lookups = sum(ns.lookup_keys for ns in stats.namespaces)
+    hits = sum(ns.hit_keys for ns in stats.namespaces)
+    free = storage["fs_free_bytes"]
+    summary = output.key_values(
+        {
+            "metadata": url,
+            "storage": storage["path"]
+            + (f" ({format_size(free)} free)" if free is not None else " (not mounted here)"),
+            "namespaces": len(stats.namespaces),
+            "capacity": format_size(stats.bytes_total),
+            "used": f"{format_size(stats.bytes_used)} ({output.format_ratio(stats.bytes_used, stats.bytes_total)})",
+            "pages": f"{stats.pages_used} / {stats.pages_total}",
+            "lookup hit rate": f"{output.format_ratio(hits, lookups)} ({hits} of {lookups} keys)",
+        },
+        title="hf3fsctl store",
+    )
+    now = time.time()
+    rows = [
+        [
+            ns.id,
+            _manifest_field(ns, "model"),
+            _manifest_field(ns, "kv_dtype"),
+            _manifest_field(ns, "layout"),
+            _manifest_field(ns, "block_size"),
+            _manifest_field(ns, "tp_size"),
+            ns.keys,
+            f"{ns.pages_used}/{ns.pages_total}",
+            format_size(ns.bytes_used),
+            ns.hits,
+            output.format_ratio(ns.hit_keys, ns.lookup_keys),
+            output.format_age(None if ns.last_access is None else now - ns.last_access),
+        ]
+        for ns in stats.namespaces
+    ]
+    columns = [
+        "namespace",
+        "model",
+        "dtype",
+        "layout",
+        "block",
+        "TP",
+        "keys",
+        "pages",
+        "bytes",
+        "hits",
+        "hit rate",
+        "last use",
+    ]
+    table = output.table(
+        columns,
+        rows,
+        title="namespaces",
+        right=("block", "TP", "keys", "pages", "bytes", "hits", "hit rate", "last use"),
+    )
+    return Group(summary, "", table)
+
+
+def stats(
+    ctx: typer.Context,
+    config: ConfigOpt = None,
+    json: JsonOpt = False,
+    watch: Annotated[
+        float | None,
+        typer.Option(
+            "--watch", metavar="SECONDS", min=0.1, help="Redraw every SECONDS until Ctrl-C."
+        ),
+    ] = None,
+) -> None:
+    """Show capacity, usage, hit rates and namespaces."""
+    if json and watch is not None:
+        raise InvalidRequest(
+            "--json prints one document and cannot --watch",
+            hint="poll `hf3fsctl stats --json` instead",
+        )
+    cfg = context.load(ctx, config)
+    with context.open_client(cfg) as client:
+        if json:
+            storage = storage_space(cfg.storage.path)
+            output.print_json(stats_document(client.url, storage, client.stats()))
+            return
+
+        def draw() -> RenderableType:
+            return render(client.url, storage_space(cfg.storage.path), client.stats())
+
+        if watch is None:
+            output.show(draw())
+            return
+        from rich.live import Live
+
+        with Live(draw(), console=output.stdout, auto_refresh=False) as live:
+            try:
+                while True:
+                    time.sleep(watch)
+                    live.update(draw(), refresh=True)
+            except KeyboardInterrupt:
+                pass
