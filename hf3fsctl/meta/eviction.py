@@ -1,0 +1,150 @@
+"""Eviction and reclamation inside a store write transaction (`MetadataStore` calls these).
+
+Rules (DESIGN decision 5):
+
+- A key is evicted on every rank at once: a key missing on one rank is useless.
+- Pending entries are never evicted (a writer holds them); an expired pending entry
+  (its writer's deadline passed) is reclaimed instead.
+- On the allocate path, least-recently-used keys go first, and among equally old keys
+  the chain tails (greatest depth) before their heads; keys under a read lease are
+  skipped. Admin eviction may take leased keys, but their pages only become reusable
+  once the lease ends (`free_pages.reusable_after`).
+
+Every function takes an open connection inside `BEGIN IMMEDIATE` and never commits.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections import defaultdict
+
+from hf3fsctl.meta.models import EvictRequest, EvictResult
+
+_BATCH = 256
+
+
+def _drop_key(
+    conn: sqlite3.Connection, namespace: str, key: str, now: float
+) -> list[tuple[int, int]]:
+    """Delete a key on every rank; pages go to the free list. Returns (rank, page) pairs."""
+    rows = conn.execute(
+        "DELETE FROM entries WHERE namespace = ? AND key = ? RETURNING rank, page, lease_until",
+        (namespace, key),
+    ).fetchall()
+    conn.executemany(
+        "INSERT INTO free_pages VALUES (?,?,?,?)",
+        [(namespace, rank, page, max(now, lease)) for rank, page, lease in rows],
+    )
+    return [(rank, page) for rank, page, _ in rows]
+
+
+def _apply_used(conn: sqlite3.Connection, freed: dict[tuple[str, int], int]) -> None:
+    conn.executemany(
+        "UPDATE rank_files SET used = used - ? WHERE namespace = ? AND rank = ?",
+        [(count, ns, rank) for (ns, rank), count in freed.items() if count],
+    )
+
+
+def reclaim_expired(conn: sqlite3.Connection, namespace: str, rank: int, now: float) -> int:
+    """Free the pages of pending entries on `rank` whose writer's deadline passed."""
+    rows = conn.execute(
+        "DELETE FROM entries WHERE namespace = ? AND rank = ? AND state = 0 AND deadline < ?"
+        " RETURNING page",
+        (namespace, rank, now),
+    ).fetchall()
+    if rows:
+        conn.executemany(
+            "INSERT INTO free_pages VALUES (?,?,?,?)",
+            [(namespace, rank, page, now) for (page,) in rows],
+        )
+        _apply_used(conn, {(namespace, rank): len(rows)})
+    return len(rows)
+
+
+def evict_for_allocation(
+    conn: sqlite3.Connection, namespace: str, rank: int, now: float, target_used: int
+) -> int:
+    """Evict LRU keys until `rank` holds at most `target_used` pages; returns keys evicted."""
+    used = conn.execute(
+        "SELECT used FROM rank_files WHERE namespace = ? AND rank = ?", (namespace, rank)
+    ).fetchone()[0]
+    num_ranks = conn.execute(
+        "SELECT num_ranks FROM namespaces WHERE id = ?", (namespace,)
+    ).fetchone()[0]
+    freed: dict[tuple[str, int], int] = defaultdict(int)
+    evicted = 0
+    skipped = 0
+    while used > target_used:
+        batch = conn.execute(
+            "SELECT key FROM entries WHERE namespace = ? AND rank = ? AND state = 1"
+            " AND lease_until <= ? ORDER BY last_access ASC, depth DESC LIMIT ? OFFSET ?",
+            (namespace, rank, now, max(_BATCH, used - target_used), skipped),
+        ).fetchall()
+        if not batch:
+            break
+        for (key,) in batch:
+            if used <= target_used:
+                break
+            if num_ranks > 1:
+                busy = conn.execute(
+                    "SELECT 1 FROM entries WHERE namespace = ? AND key = ?"
+                    " AND (state = 0 OR lease_until > ?) LIMIT 1",
+                    (namespace, key, now),
+                ).fetchone()
+                if busy is not None:
+                    skipped += 1
+                    continue
+            for freed_rank, _ in _drop_key(conn, namespace, key, now):
+                freed[(namespace, freed_rank)] += 1
+                if freed_rank == rank:
+                    used -= 1
+            evicted += 1
+    _apply_used(conn, freed)
+    return evicted
+
+
+def evict_entries(conn: sqlite3.Connection, request: EvictRequest, now: float) -> EvictResult:
+    """Evict committed keys by the request's criteria (the caller commits or rolls back)."""
+    scope, args = ("WHERE namespace = ?", [request.namespace]) if request.namespace else ("", [])
+    slot_bytes: dict[tuple[str, int], int] = {}
+    bytes_used = bytes_total = 0
+    for ns, rank, slot, used, num_pages in conn.execute(
+        f"SELECT namespace, rank, slot_bytes, used, num_pages FROM rank_files {scope}", args
+    ):
+        slot_bytes[(ns, rank)] = slot
+        bytes_used += used * slot
+        bytes_total += num_pages * slot
+    having = "HAVING SUM(state = 0) = 0"
+    having_args: list[float] = []
+    if request.older_than_s is not None:
+        having += " AND MAX(last_access) < ?"
+        having_args.append(now - request.older_than_s)
+    candidates = conn.execute(
+        f"SELECT namespace, key FROM entries {scope} GROUP BY namespace, key {having}"
+        " ORDER BY MAX(last_access) ASC, MAX(depth) DESC",
+        (*args, *having_args),
+    ).fetchall()
+    freed: dict[tuple[str, int], int] = defaultdict(int)
+    by_namespace: dict[str, int] = defaultdict(int)
+    keys = pages = freed_bytes = 0
+    for ns, key in candidates:
+        if request.max_entries is not None and keys >= request.max_entries:
+            break
+        if request.target_usage is not None and (bytes_used <= request.target_usage * bytes_total):
+            break
+        for rank, _ in _drop_key(conn, ns, key, now):
+            freed[(ns, rank)] += 1
+            pages += 1
+            size = slot_bytes.get((ns, rank), 0)
+            freed_bytes += size
+            bytes_used -= size
+        keys += 1
+        by_namespace[ns] += 1
+    _apply_used(conn, freed)
+    return EvictResult(
+        keys=keys,
+        pages=pages,
+        bytes=freed_bytes,
+        dry_run=request.dry_run,
+        by_namespace=dict(by_namespace),
+    )

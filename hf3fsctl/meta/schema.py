@@ -1,0 +1,167 @@
+"""The SQLite schema of the metadata store, and the invariants it must keep.
+
+Tables:
+
+- `namespaces`: one row per namespace (manifest JSON, rank count, durable traffic
+  counters).
+- `rank_files`: one row per (namespace, rank) page file; `next_unused` is the high-water
+  mark of pages ever handed out, `used` the pages held by entries.
+- `entries`: one row per (namespace, key, rank): the page, its state (0 pending,
+  1 committed), checksum, size, chain depth, times, hits, the pending writer's
+  `deadline`, the read `lease_until`, and `page_free_at` (when the page it took from the
+  free list became reusable; 0 for a never-used page).
+- `free_pages`: pages given back, each reusable only after `reusable_after` (the latest
+  read lease of the entry that held it).
+
+`INVARIANT_QUERIES` are the checks `MetadataStore.check_invariants` runs: each query
+returns one row per violation, rendered with its message template.
+"""
+
+from __future__ import annotations
+
+SCHEMA_VERSION = 1
+
+PENDING = 0
+COMMITTED = 1
+
+DDL = """
+CREATE TABLE IF NOT EXISTS store_info (
+    name TEXT PRIMARY KEY,
+    value TEXT NOT NULL
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS namespaces (
+    id TEXT PRIMARY KEY,
+    manifest TEXT NOT NULL,
+    num_ranks INTEGER NOT NULL,
+    created REAL NOT NULL,
+    hits INTEGER NOT NULL DEFAULT 0,
+    lookups INTEGER NOT NULL DEFAULT 0,
+    lookup_keys INTEGER NOT NULL DEFAULT 0,
+    hit_keys INTEGER NOT NULL DEFAULT 0
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS rank_files (
+    namespace TEXT NOT NULL,
+    rank INTEGER NOT NULL,
+    path TEXT NOT NULL,
+    page_bytes INTEGER NOT NULL,
+    slot_bytes INTEGER NOT NULL,
+    num_pages INTEGER NOT NULL,
+    next_unused INTEGER NOT NULL DEFAULT 0,
+    used INTEGER NOT NULL DEFAULT 0,
+    PRIMARY KEY (namespace, rank)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS entries (
+    namespace TEXT NOT NULL,
+    key TEXT NOT NULL,
+    rank INTEGER NOT NULL,
+    page INTEGER NOT NULL,
+    state INTEGER NOT NULL,
+    checksum TEXT,
+    size INTEGER NOT NULL DEFAULT 0,
+    depth INTEGER NOT NULL DEFAULT 0,
+    created REAL NOT NULL,
+    last_access REAL NOT NULL,
+    hits INTEGER NOT NULL DEFAULT 0,
+    deadline REAL,
+    lease_until REAL NOT NULL DEFAULT 0,
+    page_free_at REAL NOT NULL DEFAULT 0,
+    PRIMARY KEY (namespace, key, rank)
+) WITHOUT ROWID;
+CREATE UNIQUE INDEX IF NOT EXISTS entries_by_page ON entries (namespace, rank, page);
+CREATE INDEX IF NOT EXISTS entries_by_lru ON entries (namespace, rank, last_access, depth DESC);
+CREATE INDEX IF NOT EXISTS entries_pending ON entries (namespace, rank, deadline)
+    WHERE state = 0;
+CREATE TABLE IF NOT EXISTS free_pages (
+    namespace TEXT NOT NULL,
+    rank INTEGER NOT NULL,
+    page INTEGER NOT NULL,
+    reusable_after REAL NOT NULL,
+    PRIMARY KEY (namespace, rank, page)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS free_pages_by_time ON free_pages (namespace, rank, reusable_after);
+"""
+
+# (message template, query returning the template's fields, one row per violation)
+INVARIANT_QUERIES: list[tuple[str, str]] = [
+    (
+        "entry {}/{} rank {} has no registered rank file",
+        """SELECT e.namespace, e.key, e.rank FROM entries e
+           LEFT JOIN rank_files r ON r.namespace = e.namespace AND r.rank = e.rank
+           WHERE r.rank IS NULL""",
+    ),
+    (
+        "entry {}/{} rank {}: page {} is outside the rank file's {} pages",
+        """SELECT e.namespace, e.key, e.rank, e.page, r.num_pages FROM entries e
+           JOIN rank_files r ON r.namespace = e.namespace AND r.rank = e.rank
+           WHERE e.page < 0 OR e.page >= r.num_pages OR e.page >= r.next_unused""",
+    ),
+    (
+        "page {} of {} rank {} is owned by {} entries",
+        """SELECT page, namespace, rank, COUNT(*) FROM entries
+           GROUP BY namespace, rank, page HAVING COUNT(*) > 1""",
+    ),
+    (
+        "page {} of {} rank {} is both free and owned by key {}",
+        """SELECT f.page, f.namespace, f.rank, e.key FROM free_pages f
+           JOIN entries e ON e.namespace = f.namespace AND e.rank = f.rank
+                         AND e.page = f.page""",
+    ),
+    (
+        "free page {} of {} rank {} is beyond the high-water mark {}",
+        """SELECT f.page, f.namespace, f.rank, r.next_unused FROM free_pages f
+           JOIN rank_files r ON r.namespace = f.namespace AND r.rank = f.rank
+           WHERE f.page < 0 OR f.page >= r.next_unused""",
+    ),
+    (
+        "committed entry {}/{} rank {} has no checksum",
+        """SELECT namespace, key, rank FROM entries
+           WHERE state = 1 AND (checksum IS NULL OR checksum = '')""",
+    ),
+    (
+        "pending entry {}/{} rank {} has no writer deadline",
+        "SELECT namespace, key, rank FROM entries WHERE state = 0 AND deadline IS NULL",
+    ),
+    (
+        "entry {}/{} rank {} has unknown state {}",
+        "SELECT namespace, key, rank, state FROM entries WHERE state NOT IN (0, 1)",
+    ),
+    (
+        "entry {}/{} rank {} reused page {} at {} while its last lease ran until {}",
+        """SELECT namespace, key, rank, page, created, page_free_at FROM entries
+           WHERE created < page_free_at""",
+    ),
+    (
+        "entry {}/{} has rank {} but the namespace has {} ranks",
+        """SELECT e.namespace, e.key, e.rank, n.num_ranks FROM entries e
+           JOIN namespaces n ON n.id = e.namespace WHERE e.rank >= n.num_ranks""",
+    ),
+    (
+        "rank file {} rank {} counts {} used pages but {} entries hold pages",
+        """SELECT r.namespace, r.rank, r.used, COUNT(e.page) FROM rank_files r
+           LEFT JOIN entries e ON e.namespace = r.namespace AND e.rank = r.rank
+           GROUP BY r.namespace, r.rank HAVING r.used != COUNT(e.page)""",
+    ),
+    (
+        "rank file {} rank {}: high-water mark {} != {} owned + {} free pages (leak)",
+        """SELECT r.namespace, r.rank, r.next_unused,
+                  (SELECT COUNT(*) FROM entries e
+                   WHERE e.namespace = r.namespace AND e.rank = r.rank),
+                  (SELECT COUNT(*) FROM free_pages f
+                   WHERE f.namespace = r.namespace AND f.rank = r.rank)
+           FROM rank_files r
+           WHERE r.next_unused != (SELECT COUNT(*) FROM entries e
+                                   WHERE e.namespace = r.namespace AND e.rank = r.rank)
+                               + (SELECT COUNT(*) FROM free_pages f
+                                  WHERE f.namespace = r.namespace AND f.rank = r.rank)""",
+    ),
+    (
+        "rank file {} rank {}: high-water mark {} exceeds its {} pages",
+        "SELECT namespace, rank, next_unused, num_pages FROM rank_files "
+        "WHERE next_unused > num_pages OR next_unused < 0",
+    ),
+    (
+        "rank file {} rank {} belongs to no registered namespace",
+        """SELECT r.namespace, r.rank FROM rank_files r
+           LEFT JOIN namespaces n ON n.id = r.namespace WHERE n.id IS NULL""",
+    ),
+]

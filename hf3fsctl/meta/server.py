@@ -1,0 +1,328 @@
+"""The metadata HTTP service: `create_app(store)` (FastAPI, no globals) and `run_server`.
+
+Routes (bodies are the `*Request` models of `meta/models.py`; answers are JSON models):
+
+| route | call |
+| --- | --- |
+| `GET /healthz` | liveness (never needs the token) |
+| `GET /metrics` | Prometheus text: requests and latency by route, store gauges |
+| `POST /v1/namespaces`, `GET /v1/namespaces`, `GET /v1/namespaces/{id}` | namespaces |
+| `POST /v1/ranks` | register a rank file |
+| `POST /v1/lookup`, `/v1/locate`, `/v1/allocate`, `/v1/commit`, `/v1/release` | data path |
+| `POST /v1/evict`, `GET /v1/stats`, `GET /v1/entries` | admin |
+
+Auth: when a token is configured, every `/v1` route and `/metrics` need
+`Authorization: Bearer <token>` (the simplest rule that cannot leak a namespace's
+contents); `/healthz` stays open for load balancers.
+
+Errors are `ErrorResponse` JSON with the error class and a one-line reason:
+`InvalidRequest` 400 (a malformed body is 422), `AuthError` 401, `NotFound` 404,
+`NamespaceConflict` 409, body or batch too large 413, `MetadataUnavailable` 503 (the
+store stayed busy). Bad input never produces a 500.
+
+This module imports FastAPI at the top: import it only where the service runs.
+
+Concurrency: routes are plain `def`s, so Starlette runs each store call in its
+thread pool; the store serialises writers on one lock and reads in parallel (WAL).
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import time
+from collections.abc import Awaitable, Callable, MutableMapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from fastapi import Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import Response
+
+from hf3fsctl.errors import (
+    AuthError,
+    Hf3fsctlError,
+    InvalidRequest,
+    MetadataUnavailable,
+    NamespaceConflict,
+    NotFound,
+)
+from hf3fsctl.meta.models import (
+    AllocateRequest,
+    CommitRequest,
+    CountResponse,
+    ErrorResponse,
+    EvictRequest,
+    LocateRequest,
+    LocateResponse,
+    LookupRequest,
+    LookupResponse,
+    RegisterNamespaceRequest,
+    RegisterRankRequest,
+    ReleaseRequest,
+)
+
+if TYPE_CHECKING:
+    from pydantic import BaseModel
+
+    from hf3fsctl.meta.store import MetadataStore
+
+logger = logging.getLogger(__name__)
+
+STATUS_OF_ERROR: dict[type[Hf3fsctlError], int] = {
+    InvalidRequest: 400,
+    AuthError: 401,
+    NotFound: 404,
+    NamespaceConflict: 409,
+    MetadataUnavailable: 503,
+}
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+
+def _error_body(error: str, detail: str) -> bytes:
+    return ErrorResponse(error=error, detail=detail).model_dump_json().encode()
+
+
+class BodyLimit:
+    """ASGI middleware: 413 for bodies over `max_body_bytes` (declared or streamed)."""
+
+    def __init__(self, app: ASGIApp, max_body_bytes: int) -> None:
+        self.app = app
+        self.max_body_bytes = max_body_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        for name, value in scope["headers"]:
+            if name == b"content-length" and value.isdigit() and int(value) > self.max_body_bytes:
+                await self._reject(send)
+                return
+        received = 0
+
+        async def limited_receive() -> Message:
+            nonlocal received
+            message = await receive()
+            received += len(message.get("body", b""))
+            if received > self.max_body_bytes:
+                raise _BodyTooLarge
+            return message
+
+        try:
+            await self.app(scope, limited_receive, send)
+        except _BodyTooLarge:
+            await self._reject(send)
+
+    async def _reject(self, send: Send) -> None:
+        body = _error_body("InvalidRequest", f"request body exceeds {self.max_body_bytes} bytes")
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 413,
+                "headers": [(b"content-type", b"application/json")],
+            }
+        )
+        await send({"type": "http.response.body", "body": body})
+
+
+class _BodyTooLarge(Exception):
+    pass
+
+
+def create_app(
+    store: MetadataStore,
+    *,
+    token: str | None = None,
+    max_body_bytes: int = 16 * 1024**2,
+    max_batch: int = 8192,
+) -> FastAPI:
+    """The metadata service over `store`.
+
+    Args:
+        store: the metadata store (the app closes nothing; the caller owns it).
+        token: bearer token required on `/v1` routes and `/metrics`; None = open.
+        max_body_bytes: larger request bodies get 413.
+        max_batch: most keys/items in one request; more gets 413.
+    """
+    from hf3fsctl.meta.metrics import ServerMetrics
+
+    metrics = ServerMetrics(store)
+    expected = f"Bearer {token}".encode() if token else None
+
+    def require_token(request: Request) -> None:
+        if expected is None:
+            return
+        given = request.headers.get("authorization", "").encode()
+        if not hmac.compare_digest(given, expected):
+            raise AuthError("missing or wrong bearer token")
+
+    def check_batch(size: int) -> None:
+        if size > max_batch:
+            raise _BatchTooLarge(f"batch of {size} exceeds the limit of {max_batch}")
+
+    def reply(model: BaseModel) -> Response:
+        return Response(model.model_dump_json(), media_type="application/json")
+
+    def reply_list(models: list[Any]) -> Response:
+        body = "[" + ",".join(m.model_dump_json() for m in models) + "]"
+        return Response(body, media_type="application/json")
+
+    app = FastAPI(title="hf3fsctl metadata", version="1", docs_url=None, redoc_url=None)
+    auth = [Depends(require_token)]
+
+    @app.exception_handler(Hf3fsctlError)
+    async def typed_error(request: Request, exc: Hf3fsctlError) -> Response:
+        status = next((s for t, s in STATUS_OF_ERROR.items() if isinstance(exc, t)), 400)
+        if isinstance(exc, _BatchTooLarge):
+            status = 413
+        name = "InvalidRequest" if isinstance(exc, _BatchTooLarge) else type(exc).__name__
+        headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+        return Response(
+            _error_body(name, exc.message), status, headers, media_type="application/json"
+        )
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid_body(request: Request, exc: RequestValidationError) -> Response:
+        errors = exc.errors()
+        first = errors[0] if errors else {}
+        where = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
+        detail = f"{where or 'body'}: {first.get('msg', 'invalid request')}"
+        if first.get("type") == "json_invalid":
+            detail = f"body is not valid JSON ({first.get('ctx', {}).get('error', 'decode error')})"
+        if len(errors) > 1:
+            detail += f" (and {len(errors) - 1} more)"
+        return Response(_error_body("InvalidRequest", detail), 422, media_type="application/json")
+
+    @app.get("/healthz")
+    def healthz() -> Response:
+        return reply_dict(store.health())
+
+    @app.get("/metrics", dependencies=auth)
+    def prometheus() -> Response:
+        body, content_type = metrics.render()
+        return Response(body, media_type=content_type)
+
+    @app.post("/v1/namespaces", dependencies=auth)
+    def register_namespace(body: RegisterNamespaceRequest) -> Response:
+        return reply(store.register_namespace(body.namespace, body.manifest))
+
+    @app.get("/v1/namespaces", dependencies=auth)
+    def list_namespaces() -> Response:
+        return reply_list(store.namespaces())
+
+    @app.get("/v1/namespaces/{namespace}", dependencies=auth)
+    def get_namespace(namespace: str) -> Response:
+        return reply(store.get_namespace(namespace))
+
+    @app.post("/v1/ranks", dependencies=auth)
+    def register_rank(body: RegisterRankRequest) -> Response:
+        return reply(store.register_rank(body.namespace, body.rank_file))
+
+    @app.post("/v1/lookup", dependencies=auth)
+    def lookup(body: LookupRequest) -> Response:
+        check_batch(len(body.keys))
+        return reply(LookupResponse(hits=store.lookup(body.namespace, body.keys)))
+
+    @app.post("/v1/locate", dependencies=auth)
+    def locate(body: LocateRequest) -> Response:
+        check_batch(len(body.keys))
+        found = store.locate(body.namespace, body.rank, body.keys)
+        return reply(LocateResponse.model_construct(locations=found))
+
+    @app.post("/v1/allocate", dependencies=auth)
+    def allocate(body: AllocateRequest) -> Response:
+        check_batch(len(body.keys))
+        return reply(store.allocate(body.namespace, body.rank, body.keys, body.first_depth))
+
+    @app.post("/v1/commit", dependencies=auth)
+    def commit(body: CommitRequest) -> Response:
+        check_batch(len(body.items))
+        return reply(CountResponse(count=store.commit(body.namespace, body.rank, body.items)))
+
+    @app.post("/v1/release", dependencies=auth)
+    def release(body: ReleaseRequest) -> Response:
+        check_batch(len(body.allocations))
+        count = store.release(body.namespace, body.rank, body.allocations)
+        return reply(CountResponse(count=count))
+
+    @app.post("/v1/evict", dependencies=auth)
+    def evict(body: EvictRequest) -> Response:
+        return reply(store.evict(body))
+
+    @app.get("/v1/stats", dependencies=auth)
+    def stats() -> Response:
+        return reply(store.stats())
+
+    @app.get("/v1/entries", dependencies=auth)
+    def entries(namespace: str | None = None, limit: int = 100, offset: int = 0) -> Response:
+        check_batch(limit)
+        return reply_list(store.list_entries(namespace, limit, offset))
+
+    def reply_dict(data: dict[str, Any]) -> Response:
+        import json
+
+        return Response(json.dumps(data), media_type="application/json")
+
+    app.add_middleware(BodyLimit, max_body_bytes=max_body_bytes)
+    app.add_middleware(metrics.middleware)
+    return app
+
+
+class _BatchTooLarge(InvalidRequest):
+    """A request carries more keys or items than `max_batch`."""
+
+
+def store_path(store_path_or_url: str) -> str:
+    """The database path of `sqlite:///PATH` or a plain path."""
+    if store_path_or_url.startswith("sqlite:///"):
+        from hf3fsctl.meta.store import sqlite_path
+
+        return sqlite_path(store_path_or_url)
+    if "://" in store_path_or_url:
+        raise InvalidRequest(
+            f"serve needs a sqlite:///PATH or a file path, not {store_path_or_url!r}"
+        )
+    return str(Path(store_path_or_url).expanduser())
+
+
+def run_server(
+    store_path_or_url: str,
+    host: str,
+    port: int,
+    *,
+    token: str | None,
+    max_body_bytes: int,
+    max_batch: int,
+    lease_s: float = 30.0,
+    high_watermark: float = 0.95,
+    low_watermark: float = 0.85,
+    log_level: str = "info",
+) -> None:
+    """Serve the store at `store_path_or_url` on `host:port` until interrupted.
+
+    Runs uvicorn in this process (its own signal handlers stop it cleanly on SIGINT /
+    SIGTERM); access logs are off (they cost more than a lookup), errors are logged.
+    """
+    import uvicorn
+
+    from hf3fsctl.meta.store import MetadataStore
+
+    store = MetadataStore(
+        store_path(store_path_or_url),
+        lease_s=lease_s,
+        high_watermark=high_watermark,
+        low_watermark=low_watermark,
+    )
+    app = create_app(store, token=token, max_body_bytes=max_body_bytes, max_batch=max_batch)
+    logger.info("serving metadata store %s on http://%s:%d", store.path, host, port)
+    started = time.monotonic()
+    try:
+        uvicorn.run(app, host=host, port=port, log_level=log_level, access_log=False)
+    finally:
+        store.close()
+        logger.info("metadata server stopped after %.0fs", time.monotonic() - started)

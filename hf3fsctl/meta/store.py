@@ -1,0 +1,697 @@
+"""`MetadataStore`: the durable, bounded metadata of the KV-page tier, in SQLite.
+
+Contract (DESIGN decisions 4–5; the `MetadataClient` protocol in `meta/client.py`):
+
+- Every operation is one SQLite transaction. Writes take `BEGIN IMMEDIATE` (one writer
+  at a time, across threads *and* processes: the scheduler and workers of a node share
+  one file); a writer that cannot get the lock within `busy_timeout_s` raises
+  `MetadataUnavailable`. Reads run on WAL snapshots and never block writers.
+- Durability: WAL with `synchronous=NORMAL` survives any process crash (kill -9): a
+  committed transaction is in the WAL before `COMMIT` returns. Only a power loss or
+  OS crash can drop the last transactions; `durable=True` selects `synchronous=FULL`
+  for that too. A crash never leaves a page owned twice: ownership moves only inside
+  transactions, and `entries (namespace, rank, page)` is a unique index.
+- Pages: each rank file hands out pages from a high-water counter (`next_unused`) and
+  a free list; a page freed while a read lease holds it is reusable only once the lease
+  ends. Allocation above `high_watermark` evicts least-recently-used keys (chain tails
+  before heads, a key on all ranks at once, never pending or leased entries) down to
+  `low_watermark`.
+- Traffic counters of `lookup` (read-only calls) are accumulated in memory and written
+  with the next write transaction, or by the next lookup once a second has passed, so a
+  lookup never pays for a write; a crash loses at most about a second of counts.
+
+Thread-safe: one SQLite connection per thread, plus an in-process write lock so that
+threads of one process queue on a mutex instead of SQLite's sleeping busy handler.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from hf3fsctl.errors import InvalidRequest, MetadataUnavailable, NamespaceConflict, NotFound
+from hf3fsctl.keys import check_key, check_namespace_id, namespace_id
+from hf3fsctl.meta import schema
+from hf3fsctl.meta.eviction import evict_entries, evict_for_allocation, reclaim_expired
+from hf3fsctl.meta.models import (
+    AllocateResult,
+    Allocation,
+    CommitItem,
+    EntryInfo,
+    EvictRequest,
+    EvictResult,
+    Location,
+    NamespaceInfo,
+    NamespaceStats,
+    RankFile,
+    StoreStats,
+)
+
+logger = logging.getLogger(__name__)
+
+_CHUNK = 500  # keys per SQL statement (well under SQLite's variable limit)
+_FLUSH_INTERVAL_S = 1.0
+
+
+_HEX_DIGITS = b"0123456789abcdef"
+
+
+def check_keys(keys: Sequence[str]) -> None:
+    """Validate a batch of block keys at C speed; `InvalidRequest` names the first bad one."""
+    if not keys:
+        return
+    try:
+        joined = "".join(keys).encode("ascii")
+        lengths = list(map(len, keys))
+        if min(lengths) >= 16 and max(lengths) <= 128 and not joined.translate(None, _HEX_DIGITS):
+            return
+    except (TypeError, UnicodeEncodeError):
+        pass
+    for key in keys:
+        check_key(key)
+
+
+def sqlite_path(url: str) -> str:
+    """The database path of a `sqlite:///ABS/PATH` URL (`sqlite:////ABS/PATH` too)."""
+    if not url.startswith("sqlite:///") or len(url) == len("sqlite:///"):
+        raise InvalidRequest(f"{url!r} is not a sqlite:///PATH URL")
+    path = url[len("sqlite://") :]
+    return path[1:] if path.startswith("//") else path
+
+
+def _placeholders(n: int) -> str:
+    return ",".join("?" * n)
+
+
+def _chunks(items: Sequence[str], size: int = _CHUNK) -> Iterator[Sequence[str]]:
+    for start in range(0, len(items), size):
+        yield items[start : start + size]
+
+
+class MetadataStore:
+    """The SQLite metadata store. Implements every `MetadataClient` data and admin call.
+
+    Args:
+        path: the database file (created with its directory if missing).
+        lease_s: how long a located page stays unreusable, even if evicted.
+        high_watermark: a rank file fuller than this evicts on allocate.
+        low_watermark: … down to this usage.
+        busy_timeout_s: how long a call waits for another writer before it raises
+            `MetadataUnavailable`.
+        pending_timeout_s: a pending allocation older than this belongs to a dead
+            writer and may be reclaimed.
+        durable: `synchronous=FULL` (survive power loss) instead of NORMAL.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        lease_s: float = 30.0,
+        high_watermark: float = 0.95,
+        low_watermark: float = 0.85,
+        busy_timeout_s: float = 5.0,
+        pending_timeout_s: float = 120.0,
+        durable: bool = False,
+    ) -> None:
+        if not 0 <= low_watermark <= high_watermark <= 1:
+            raise InvalidRequest(
+                f"watermarks must satisfy 0 <= low ({low_watermark}) <= high "
+                f"({high_watermark}) <= 1"
+            )
+        self.path = str(path)
+        self.lease_s = float(lease_s)
+        self.high_watermark = float(high_watermark)
+        self.low_watermark = float(low_watermark)
+        self.busy_timeout_s = float(busy_timeout_s)
+        self.pending_timeout_s = float(pending_timeout_s)
+        self.durable = durable
+        self._local = threading.local()
+        self._connections: list[sqlite3.Connection] = []
+        self._connections_lock = threading.Lock()
+        self._write_lock = threading.Lock()
+        self._counters: dict[str, list[int]] = {}  # namespace → [lookups, keys, hits]
+        self._counters_lock = threading.Lock()
+        self._last_flush = time.monotonic()
+        self._num_ranks: dict[str, int] = {}  # immutable once registered
+        Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+        self._init_schema()
+
+    # --- connections and transactions ------------------------------------------------
+
+    def _conn(self) -> sqlite3.Connection:
+        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = sqlite3.connect(
+                self.path,
+                timeout=self.busy_timeout_s,
+                isolation_level=None,
+                check_same_thread=False,
+            )
+            conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout_s * 1000)}")
+            conn.execute(f"PRAGMA synchronous = {'FULL' if self.durable else 'NORMAL'}")
+            conn.execute("PRAGMA temp_store = MEMORY")
+            conn.execute("PRAGMA cache_size = -32768")
+            self._local.conn = conn
+            with self._connections_lock:
+                self._connections.append(conn)
+        return conn
+
+    def _init_schema(self) -> None:
+        with self._unavailable_on_busy():
+            conn = self._conn()
+            mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+            if str(mode).lower() != "wal":
+                logger.warning("metadata store %s: journal_mode is %s, not WAL", self.path, mode)
+            with self._write_lock:
+                conn.execute("BEGIN IMMEDIATE")
+                try:
+                    for statement in schema.DDL.split(";"):
+                        if statement.strip():
+                            conn.execute(statement)
+                    conn.execute(
+                        "INSERT OR IGNORE INTO store_info VALUES ('schema_version', ?)",
+                        (str(schema.SCHEMA_VERSION),),
+                    )
+                    conn.execute("COMMIT")
+                except BaseException:
+                    conn.execute("ROLLBACK")
+                    raise
+
+    @contextmanager
+    def _unavailable_on_busy(self) -> Iterator[None]:
+        try:
+            yield
+        except sqlite3.OperationalError as exc:
+            text = str(exc).lower()
+            if "locked" in text or "busy" in text:
+                raise MetadataUnavailable(
+                    f"metadata store {self.path} stayed busy for {self.busy_timeout_s:g}s"
+                ) from None
+            raise
+
+    @contextmanager
+    def _write(self) -> Iterator[sqlite3.Connection]:
+        """One write transaction (BEGIN IMMEDIATE … COMMIT), counters flushed within."""
+        conn = self._conn()
+        with self._unavailable_on_busy(), self._write_lock:
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield conn
+                self._flush_counters(conn)
+                conn.execute("COMMIT")
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+
+    @contextmanager
+    def _read(self) -> Iterator[sqlite3.Connection]:
+        """One read transaction on a consistent snapshot."""
+        conn = self._conn()
+        with self._unavailable_on_busy():
+            conn.execute("BEGIN")
+            try:
+                yield conn
+            finally:
+                conn.execute("COMMIT")
+
+    def _flush_counters(self, conn: sqlite3.Connection) -> None:
+        with self._counters_lock:
+            counters, self._counters = self._counters, {}
+            self._last_flush = time.monotonic()
+        if counters:
+            conn.executemany(
+                "UPDATE namespaces SET lookups = lookups + ?, lookup_keys = lookup_keys + ?,"
+                " hit_keys = hit_keys + ? WHERE id = ?",
+                [(c[0], c[1], c[2], ns) for ns, c in counters.items()],
+            )
+
+    def flush(self) -> None:
+        """Write the in-memory lookup counters now."""
+        if self._counters:
+            with self._write():
+                pass
+
+    def close(self) -> None:
+        """Flush counters and close every connection this store opened."""
+        try:
+            self.flush()
+        except MetadataUnavailable:
+            logger.warning("metadata store %s: lookup counters not flushed (busy)", self.path)
+        with self._connections_lock:
+            for conn in self._connections:
+                conn.close()
+            self._connections.clear()
+        self._local = threading.local()
+
+    # --- namespaces --------------------------------------------------------------------
+
+    def register_namespace(self, namespace: str, manifest: dict[str, Any]) -> NamespaceInfo:
+        """Create a namespace, or return it if identical; `NamespaceConflict` if not."""
+        check_namespace_id(namespace)
+        expected = namespace_id(manifest)
+        if expected != namespace:
+            raise InvalidRequest(
+                f"namespace id {namespace} does not match its manifest (hash {expected})"
+            )
+        num_ranks = _num_ranks(manifest)
+        text = json.dumps(manifest, sort_keys=True, separators=(",", ":"), default=str)
+        with self._write() as conn:
+            row = conn.execute("SELECT manifest FROM namespaces WHERE id = ?", (namespace,))
+            existing = row.fetchone()
+            if existing is None:
+                conn.execute(
+                    "INSERT INTO namespaces (id, manifest, num_ranks, created) VALUES (?,?,?,?)",
+                    (namespace, text, num_ranks, time.time()),
+                )
+                logger.info("registered namespace %s (%d ranks)", namespace, num_ranks)
+            elif existing[0] != text:
+                raise NamespaceConflict(f"namespace {namespace} exists with another manifest")
+            return self._namespace_info(conn, namespace)
+
+    def register_rank(self, namespace: str, rank_file: RankFile) -> NamespaceInfo:
+        """Record one rank's page file; `NamespaceConflict` if it differs from before."""
+        check_namespace_id(namespace)
+        with self._write() as conn:
+            info = self._namespace_info(conn, namespace)
+            if rank_file.rank >= info.num_ranks:
+                raise InvalidRequest(
+                    f"rank {rank_file.rank} is out of range: namespace {namespace} "
+                    f"has {info.num_ranks} ranks"
+                )
+            page_bytes = info.manifest.get("page_bytes")
+            if isinstance(page_bytes, int) and page_bytes != rank_file.page_bytes:
+                raise InvalidRequest(
+                    f"rank file page_bytes {rank_file.page_bytes} differs from the "
+                    f"manifest's {page_bytes}"
+                )
+            if rank_file.slot_bytes < rank_file.page_bytes:
+                raise InvalidRequest("rank file slot_bytes is smaller than page_bytes")
+            for existing in info.rank_files:
+                if existing.rank == rank_file.rank:
+                    if existing != rank_file:
+                        raise NamespaceConflict(
+                            f"rank {rank_file.rank} of namespace {namespace} is registered "
+                            f"as {existing.model_dump()}, not {rank_file.model_dump()}"
+                        )
+                    return info
+            conn.execute(
+                "INSERT INTO rank_files (namespace, rank, path, page_bytes, slot_bytes,"
+                " num_pages) VALUES (?,?,?,?,?,?)",
+                (
+                    namespace,
+                    rank_file.rank,
+                    rank_file.path,
+                    rank_file.page_bytes,
+                    rank_file.slot_bytes,
+                    rank_file.num_pages,
+                ),
+            )
+            return self._namespace_info(conn, namespace)
+
+    def get_namespace(self, namespace: str) -> NamespaceInfo:
+        """One namespace; `NotFound` if absent."""
+        check_namespace_id(namespace)
+        with self._read() as conn:
+            return self._namespace_info(conn, namespace)
+
+    def namespaces(self) -> list[NamespaceInfo]:
+        """Every registered namespace, oldest first."""
+        with self._read() as conn:
+            ids = [r[0] for r in conn.execute("SELECT id FROM namespaces ORDER BY created")]
+            return [self._namespace_info(conn, ns) for ns in ids]
+
+    def _namespace_info(self, conn: sqlite3.Connection, namespace: str) -> NamespaceInfo:
+        row = conn.execute(
+            "SELECT manifest, num_ranks, created FROM namespaces WHERE id = ?", (namespace,)
+        ).fetchone()
+        if row is None:
+            raise NotFound(f"namespace {namespace} is not registered")
+        ranks = conn.execute(
+            "SELECT rank, path, page_bytes, slot_bytes, num_pages FROM rank_files"
+            " WHERE namespace = ? ORDER BY rank",
+            (namespace,),
+        ).fetchall()
+        return NamespaceInfo(
+            id=namespace,
+            manifest=json.loads(row[0]),
+            num_ranks=row[1],
+            created=row[2],
+            rank_files=[
+                RankFile(rank=r[0], path=r[1], page_bytes=r[2], slot_bytes=r[3], num_pages=r[4])
+                for r in ranks
+            ],
+        )
+
+    def _ranks_of(self, conn: sqlite3.Connection, namespace: str) -> int:
+        cached = self._num_ranks.get(namespace)
+        if cached is not None:
+            return cached
+        check_namespace_id(namespace)
+        row = conn.execute("SELECT num_ranks FROM namespaces WHERE id = ?", (namespace,))
+        found = row.fetchone()
+        if found is None:
+            raise NotFound(f"namespace {namespace} is not registered")
+        self._num_ranks[namespace] = int(found[0])
+        return int(found[0])
+
+    def _rank_file(self, conn: sqlite3.Connection, namespace: str, rank: int) -> tuple[int, ...]:
+        """(num_pages, next_unused, used) of a registered rank file, else `NotFound`."""
+        self._ranks_of(conn, namespace)
+        row = conn.execute(
+            "SELECT num_pages, next_unused, used FROM rank_files WHERE namespace = ? AND rank = ?",
+            (namespace, rank),
+        ).fetchone()
+        if row is None:
+            raise NotFound(f"rank {rank} of namespace {namespace} has no registered page file")
+        return tuple(row)
+
+    # --- data path ---------------------------------------------------------------------
+
+    def lookup(self, namespace: str, keys: Sequence[str]) -> int:
+        """Number of leading `keys` committed on every rank of the namespace."""
+        check_keys(keys)
+        hits = 0
+        with self._read() as conn:
+            num_ranks = self._ranks_of(conn, namespace)
+            for chunk in _chunks(keys):
+                complete = {
+                    r[0]
+                    for r in conn.execute(
+                        "SELECT key FROM entries WHERE namespace = ? AND key IN"
+                        f" ({_placeholders(len(chunk))}) AND state = 1"
+                        " GROUP BY key HAVING COUNT(*) = ?",
+                        (namespace, *chunk, num_ranks),
+                    )
+                }
+                found = 0
+                for key in chunk:
+                    if key not in complete:
+                        break
+                    found += 1
+                hits += found
+                if found < len(chunk):
+                    break
+        with self._counters_lock:
+            counter = self._counters.setdefault(namespace, [0, 0, 0])
+            counter[0] += 1
+            counter[1] += len(keys)
+            counter[2] += hits
+            due = time.monotonic() - self._last_flush > _FLUSH_INTERVAL_S
+        if due and self._write_lock.acquire(blocking=False):
+            self._write_lock.release()
+            try:
+                self.flush()
+            except MetadataUnavailable:
+                pass  # counters stay in memory for the next write
+        return hits
+
+    def locate(self, namespace: str, rank: int, keys: Sequence[str]) -> list[Location | None]:
+        """Committed locations of `keys` on `rank` (None if absent), with a read lease."""
+        check_keys(keys)
+        now = time.time()
+        found: dict[str, Location] = {}
+        with self._write() as conn:
+            self._ranks_of(conn, namespace)
+            for chunk in _chunks(keys):
+                marks = _placeholders(len(chunk))
+                args = (namespace, rank, *chunk)
+                for key, page, checksum, size in conn.execute(
+                    "SELECT key, page, checksum, size FROM entries WHERE namespace = ?"
+                    f" AND rank = ? AND key IN ({marks}) AND state = 1",
+                    args,
+                ):
+                    found[key] = Location.model_construct(
+                        key=key, page=page, checksum=checksum, size=size
+                    )
+                conn.execute(
+                    "UPDATE entries SET hits = hits + 1, last_access = ?,"
+                    " lease_until = MAX(lease_until, ?) WHERE namespace = ? AND rank = ?"
+                    f" AND key IN ({marks}) AND state = 1",
+                    (now, now + self.lease_s, *args),
+                )
+            if found:
+                conn.execute(
+                    "UPDATE namespaces SET hits = hits + ? WHERE id = ?", (len(found), namespace)
+                )
+        return [found.get(key) for key in keys]
+
+    def allocate(
+        self, namespace: str, rank: int, keys: Sequence[str], first_depth: int = 0
+    ) -> AllocateResult:
+        """Pages for keys not yet stored on `rank`; may evict LRU keys above the watermark."""
+        check_keys(keys)
+        if first_depth < 0:
+            raise InvalidRequest(f"first_depth must be >= 0, got {first_depth}")
+        now = time.time()
+        depth_of: dict[str, int] = {}
+        for index, key in enumerate(keys):
+            depth_of.setdefault(key, first_depth + index)
+        allocated: list[Allocation] = []
+        existing: list[str] = []
+        with self._write() as conn:
+            num_pages, _, used = self._rank_file(conn, namespace, rank)
+            known: dict[str, tuple[int, int, float | None]] = {}
+            unique = list(depth_of)
+            for chunk in _chunks(unique):
+                for key, state, page, deadline in conn.execute(
+                    "SELECT key, state, page, deadline FROM entries WHERE namespace = ?"
+                    f" AND key IN ({_placeholders(len(chunk))}) AND rank = ?",
+                    (namespace, *chunk, rank),
+                ):
+                    known[key] = (state, page, deadline)
+            regrant: list[tuple[float, int, str]] = []
+            new_keys: list[str] = []
+            for key in unique:
+                entry = known.get(key)
+                if entry is None:
+                    new_keys.append(key)
+                elif entry[0] == schema.PENDING and (entry[2] or 0) < now:
+                    regrant.append((now + self.pending_timeout_s, depth_of[key], key))
+                    allocated.append(Allocation.model_construct(key=key, page=entry[1]))
+                else:
+                    existing.append(key)
+            if regrant:
+                conn.executemany(
+                    "UPDATE entries SET deadline = ?, depth = ?, created = MAX(created, ?)"
+                    " WHERE namespace = ? AND key = ? AND rank = ?",
+                    [(d, depth, now, namespace, key, rank) for d, depth, key in regrant],
+                )
+            need = len(new_keys)
+            if need and used + need > self.high_watermark * num_pages:
+                reclaim_expired(conn, namespace, rank, now)
+                target = int(self.low_watermark * num_pages) - need
+                evict_for_allocation(conn, namespace, rank, now, target)
+            pages = self._take_pages(conn, namespace, rank, need, now) if need else []
+            granted = new_keys[: len(pages)]
+            deadline = now + self.pending_timeout_s
+            conn.executemany(
+                "INSERT INTO entries (namespace, key, rank, page, state, depth, created,"
+                " last_access, deadline, page_free_at) VALUES (?,?,?,?,0,?,?,?,?,?)",
+                [
+                    (namespace, key, rank, page, depth_of[key], now, now, deadline, free_at)
+                    for key, (page, free_at) in zip(granted, pages, strict=False)
+                ],
+            )
+            if granted:
+                conn.execute(
+                    "UPDATE rank_files SET used = used + ? WHERE namespace = ? AND rank = ?",
+                    (len(granted), namespace, rank),
+                )
+            allocated.extend(
+                Allocation.model_construct(key=key, page=page)
+                for key, (page, _) in zip(granted, pages, strict=False)
+            )
+        return AllocateResult.model_construct(
+            allocated=allocated, existing=existing, no_space=new_keys[len(pages) :]
+        )
+
+    def _take_pages(
+        self, conn: sqlite3.Connection, namespace: str, rank: int, need: int, now: float
+    ) -> list[tuple[int, float]]:
+        """Up to `need` (page, reusable_after) pairs: reusable free pages, then fresh ones."""
+        taken = conn.execute(
+            "SELECT page, reusable_after FROM free_pages WHERE namespace = ? AND rank = ?"
+            " AND reusable_after <= ? ORDER BY reusable_after LIMIT ?",
+            (namespace, rank, now, need),
+        ).fetchall()
+        if taken:
+            conn.executemany(
+                "DELETE FROM free_pages WHERE namespace = ? AND rank = ? AND page = ?",
+                [(namespace, rank, page) for page, _ in taken],
+            )
+        pages = [(int(page), float(after)) for page, after in taken]
+        if len(pages) < need:
+            num_pages, next_unused, _ = self._rank_file(conn, namespace, rank)
+            fresh = min(need - len(pages), num_pages - next_unused)
+            if fresh > 0:
+                pages.extend((page, 0.0) for page in range(next_unused, next_unused + fresh))
+                conn.execute(
+                    "UPDATE rank_files SET next_unused = ? WHERE namespace = ? AND rank = ?",
+                    (next_unused + fresh, namespace, rank),
+                )
+        return pages
+
+    def commit(self, namespace: str, rank: int, items: Sequence[CommitItem]) -> int:
+        """Pending → committed for the exact (key, page) pairs; returns how many."""
+        check_keys([item.key for item in items])
+        if not items:
+            return 0
+        now = time.time()
+        with self._write() as conn:
+            self._rank_file(conn, namespace, rank)
+            cursor = conn.executemany(
+                "UPDATE entries SET state = 1, checksum = ?, size = ?, deadline = NULL,"
+                " last_access = ? WHERE namespace = ? AND key = ? AND rank = ? AND page = ?"
+                " AND state = 0",
+                [
+                    (item.checksum, item.size, now, namespace, item.key, rank, item.page)
+                    for item in items
+                ],
+            )
+            return max(cursor.rowcount, 0)
+
+    def release(self, namespace: str, rank: int, allocations: Sequence[Allocation]) -> int:
+        """Give back pending allocations (exact (key, page) pairs); returns how many."""
+        check_keys([allocation.key for allocation in allocations])
+        if not allocations:
+            return 0
+        now = time.time()
+        released = 0
+        with self._write() as conn:
+            self._rank_file(conn, namespace, rank)
+            for allocation in allocations:
+                cursor = conn.execute(
+                    "DELETE FROM entries WHERE namespace = ? AND key = ? AND rank = ?"
+                    " AND page = ? AND state = 0",
+                    (namespace, allocation.key, rank, allocation.page),
+                )
+                if cursor.rowcount:
+                    conn.execute(
+                        "INSERT INTO free_pages VALUES (?,?,?,?)",
+                        (namespace, rank, allocation.page, now),
+                    )
+                    released += 1
+            if released:
+                conn.execute(
+                    "UPDATE rank_files SET used = used - ? WHERE namespace = ? AND rank = ?",
+                    (released, namespace, rank),
+                )
+        return released
+
+    # --- admin -------------------------------------------------------------------------
+
+    def evict(self, request: EvictRequest) -> EvictResult:
+        """Evict committed keys (all ranks at once) by the request's criteria."""
+        if not (
+            request.all
+            or request.older_than_s is not None
+            or request.target_usage is not None
+            or request.max_entries is not None
+        ):
+            raise InvalidRequest(
+                "say what to evict: all, older_than_s, target_usage or max_entries"
+            )
+        if request.namespace is not None:
+            check_namespace_id(request.namespace)
+        conn = self._conn()
+        with self._unavailable_on_busy(), self._write_lock:
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                if request.namespace is not None:
+                    self._ranks_of(conn, request.namespace)
+                result = evict_entries(conn, request, time.time())
+                if request.dry_run:
+                    conn.execute("ROLLBACK")
+                else:
+                    self._flush_counters(conn)
+                    conn.execute("COMMIT")
+            except BaseException:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                raise
+        if result.keys and not request.dry_run:
+            logger.info("evicted %d keys (%d pages)", result.keys, result.pages)
+        return result
+
+    def stats(self) -> StoreStats:
+        """Usage and traffic of every namespace and of the whole store."""
+        self.flush()
+        from hf3fsctl.meta.reports import store_stats
+
+        with self._read() as conn:
+            return store_stats(conn)
+
+    def list_entries(
+        self, namespace: str | None = None, limit: int = 100, offset: int = 0
+    ) -> list[EntryInfo]:
+        """Entries (one per key and rank), most recently used first."""
+        if namespace is not None:
+            check_namespace_id(namespace)
+        if limit < 0 or offset < 0:
+            raise InvalidRequest("limit and offset must be >= 0")
+        where, args = ("WHERE namespace = ?", [namespace]) if namespace else ("", [])
+        with self._read() as conn:
+            rows = conn.execute(
+                "SELECT namespace, key, rank, page, size, checksum, state, depth, created,"
+                f" last_access, hits FROM entries {where}"
+                " ORDER BY last_access DESC, depth ASC, key, rank LIMIT ? OFFSET ?",
+                (*args, limit, offset),
+            ).fetchall()
+        return [
+            EntryInfo.model_construct(
+                namespace=r[0],
+                key=r[1],
+                rank=r[2],
+                page=r[3],
+                size=r[4],
+                checksum=r[5],
+                state="committed" if r[6] == schema.COMMITTED else "pending",
+                depth=r[7],
+                created=r[8],
+                last_access=r[9],
+                hits=r[10],
+            )
+            for r in rows
+        ]
+
+    def health(self) -> dict[str, Any]:
+        """A cheap liveness check: the database answers a query."""
+        with self._read() as conn:
+            count = conn.execute("SELECT COUNT(*) FROM namespaces").fetchone()[0]
+        return {"status": "ok", "store": "sqlite", "namespaces": int(count)}
+
+    def check_invariants(self) -> list[str]:
+        """Every violated invariant of the database, one line each; empty when sound."""
+        problems: list[str] = []
+        with self._read() as conn:
+            for template, query in schema.INVARIANT_QUERIES:
+                problems.extend(template.format(*row) for row in conn.execute(query))
+        return problems
+
+    def namespace_stats(self, namespace: str) -> NamespaceStats:
+        """Usage and traffic of one namespace; `NotFound` if absent."""
+        check_namespace_id(namespace)
+        for stats in self.stats().namespaces:
+            if stats.id == namespace:
+                return stats
+        raise NotFound(f"namespace {namespace} is not registered")
+
+
+def _num_ranks(manifest: dict[str, Any]) -> int:
+    """`tp_size * pp_size` of a manifest, validated."""
+    sizes = []
+    for name in ("tp_size", "pp_size"):
+        value = manifest.get(name)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise InvalidRequest(f"manifest {name} must be a positive integer, got {value!r}")
+        sizes.append(value)
+    return sizes[0] * sizes[1]

@@ -1,0 +1,65 @@
+"""Builders for metadata tests: manifests, namespaces, rank files, keys and checksums."""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+from hf3fsctl.keys import NamespaceManifest
+from hf3fsctl.meta.models import CommitItem, RankFile
+
+PAGE_BYTES = 4096
+
+
+def manifest(model: str = "tiny-llama", tp_size: int = 1, pp_size: int = 1) -> dict[str, Any]:
+    """A valid namespace manifest dict."""
+    return NamespaceManifest(
+        model=model,
+        revision="main",
+        kv_dtype="float16",
+        block_size=16,
+        layout="LBHNC",
+        backend="CPU_ATTN",
+        num_layers=2,
+        num_kv_heads=2,
+        head_dim=64,
+        tp_size=tp_size,
+        pp_size=pp_size,
+        page_bytes=PAGE_BYTES,
+        hash_algorithm="sha256",
+        none_hash="00" * 32,
+    ).to_dict()
+
+
+def rank_file(namespace: str, rank: int, num_pages: int) -> RankFile:
+    """A rank file of `num_pages` pages."""
+    return RankFile(
+        rank=rank,
+        path=f"{namespace}/rank-{rank:04d}.pages",
+        page_bytes=PAGE_BYTES,
+        slot_bytes=PAGE_BYTES,
+        num_pages=num_pages,
+    )
+
+
+def key(i: int, salt: str = "") -> str:
+    """A 64-hex-digit block key."""
+    return hashlib.sha256(f"{salt}{i}".encode()).hexdigest()
+
+
+def keys(n: int, start: int = 0, salt: str = "") -> list[str]:
+    """`n` distinct keys."""
+    return [key(i, salt) for i in range(start, start + n)]
+
+
+def checksum(k: str, page: int) -> str:
+    """A deterministic checksum for a (key, page)."""
+    return hashlib.blake2b(f"{k}:{page}".encode(), digest_size=8).hexdigest()
+
+
+def commit_items(allocations: list[Any]) -> list[CommitItem]:
+    """Commit items for allocations (anything with `key` and `page`)."""
+    return [
+        CommitItem(key=a.key, page=a.page, checksum=checksum(a.key, a.page), size=PAGE_BYTES)
+        for a in allocations
+    ]
