@@ -104,7 +104,8 @@ def resolve_namespace(client: MetadataClient, value: str | None) -> str | None:
 
 def sqlite_path(url: str) -> Path | None:
     """The database file of a `sqlite:///PATH` metadata URL, else None."""
-    prefix = "sqlite:///"
-    if not url.startswith(prefix):
+    if not url.startswith("sqlite:///"):
         return None
-    return Path("/" + url[len(prefix) :].lstrip("/"))
+    from hf3fsctl.meta.store import sqlite_path as store_sqlite_path
+
+    return Path(store_sqlite_path(url))

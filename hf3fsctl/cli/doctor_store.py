@@ -187,7 +187,7 @@ def check_checksums(
         with output.progress(show_progress) as bar:
             for ns, by_rank in plan:
                 pages = sum(len(v) for v in by_rank.values())
-                task = bar.add_task(f"verify {ns.id}", total=pages)
+                task = bar.add_task(f"verify {ns.id}", total=pages, visible=pages > 0)
                 verified, bad = _verify_namespace(
                     engine, client, root, ns, by_rank, functools.partial(bar.advance, task)
                 )

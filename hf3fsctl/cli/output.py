@@ -12,6 +12,7 @@ swap the streams see everything.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -25,7 +26,10 @@ if TYPE_CHECKING:
     from rich.progress import Progress
     from rich.table import Table
 
-stdout = Console(highlight=False, soft_wrap=False)
+# Piped output is for people reading a file or a pager: do not squeeze tables into 80
+# columns there (programs should use --json). COLUMNS still wins.
+_PIPE_WIDTH = None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 160
+stdout = Console(highlight=False, width=_PIPE_WIDTH)
 stderr = Console(stderr=True, highlight=False, soft_wrap=True)
 
 
@@ -42,7 +46,7 @@ def show(renderable: RenderableType) -> None:
 
 def line(message: str, style: str | None = None) -> None:
     """Print one plain result line on stdout (no markup interpretation)."""
-    stdout.print(Text(message, style=style or ""))
+    stdout.print(Text(message, style=style or ""), soft_wrap=True)
 
 
 def info(message: str) -> None:

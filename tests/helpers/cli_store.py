@@ -1,0 +1,135 @@
+"""Builders for CLI tests: a store made by `hf3fsctl init`, filled with real pages.
+
+`make_store` runs the real `init` command (config file, SQLite DB, preallocated page
+files); `fill` writes random pages with the POSIX engine and allocates + commits them
+through the `MetadataClient` API, exactly as the connector does; `corrupt_page`
+overwrites a committed page's bytes on disk.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from hf3fsctl.cli.main import app
+from hf3fsctl.config import Config, load_config
+from hf3fsctl.keys import NamespaceManifest
+from hf3fsctl.meta.client import MetadataClient, connect
+from hf3fsctl.meta.models import CommitItem
+
+PAGE_BYTES = 16384
+FILE_SIZE = "1MiB"  # 64 pages of 16 KiB per rank
+
+
+def manifest(model: str = "tiny-llama", tp_size: int = 2) -> NamespaceManifest:
+    """A namespace manifest with small pages."""
+    return NamespaceManifest(
+        model=model,
+        revision="main",
+        kv_dtype="float16",
+        block_size=32,
+        layout="LBHNC",
+        backend="CPU_ATTN",
+        num_layers=2,
+        num_kv_heads=2,
+        head_dim=64,
+        tp_size=tp_size,
+        pp_size=1,
+        page_bytes=PAGE_BYTES,
+        hash_algorithm="sha256",
+        none_hash="00" * 32,
+    )
+
+
+@dataclass
+class Store:
+    """A store made by `hf3fsctl init`."""
+
+    root: Path
+    config_file: Path
+    namespace: str
+
+    def config(self) -> Config:
+        return load_config(self.config_file, environ={})
+
+
+def make_store(tmp: Path, *, metadata_url: str | None = None, model: str = "tiny-llama") -> Store:
+    """Run `hf3fsctl init` with a namespace manifest and two preallocated ranks."""
+    ns = manifest(model)
+    manifest_file = tmp / f"manifest-{model}.json"
+    manifest_file.write_text(json.dumps(ns.to_dict()))
+    config_file = tmp / "hf3fs.yaml"
+    args = [
+        "init",
+        "--storage-path",
+        str(tmp / "store"),
+        "--file-size",
+        FILE_SIZE,
+        "--write-config",
+        str(config_file),
+        "--force",
+        "--namespace-manifest",
+        str(manifest_file),
+        "--json",
+    ]
+    if metadata_url:
+        args += ["--metadata-url", metadata_url]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.stderr
+    return Store(tmp / "store", config_file, ns.namespace_id)
+
+
+def fill(store: Store, keys: list[str], client: MetadataClient | None = None) -> None:
+    """Write a random page per key on every rank, then allocate + commit them."""
+    from hf3fsctl.storage.engine import open_engine
+    from hf3fsctl.storage.layout import PageFile
+
+    own = client is None
+    client = client or connect(store.config())
+    engine = open_engine("posix", io_threads=2)
+    try:
+        for rank_file in client.get_namespace(store.namespace).rank_files:
+            result = client.allocate(store.namespace, rank_file.rank, keys)
+            pages = [a.page for a in result.allocated]
+            buffers = [os.urandom(rank_file.page_bytes) for _ in pages]
+            with PageFile.open(
+                store.root, rank_file.path, rank_file.page_bytes, rank_file.num_pages
+            ) as page_file:
+                written = engine.write_pages(page_file, pages, buffers)
+            items = [
+                CommitItem(
+                    key=a.key, page=a.page, checksum=str(w.checksum), size=rank_file.page_bytes
+                )
+                for a, w in zip(result.allocated, written, strict=True)
+            ]
+            assert client.commit(store.namespace, rank_file.rank, items) == len(items)
+    finally:
+        engine.close()
+        if own:
+            client.close()
+
+
+def corrupt_page(store: Store, rank: int, key: str) -> int:
+    """Flip bytes of `key`'s committed page on `rank`; returns the page index."""
+    client = connect(store.config())
+    try:
+        entry = next(
+            e
+            for e in client.list_entries(store.namespace, limit=10_000)
+            if e.key == key and e.rank == rank
+        )
+        rank_file = next(
+            r for r in client.get_namespace(store.namespace).rank_files if r.rank == rank
+        )
+    finally:
+        client.close()
+    with open(store.root / rank_file.path, "r+b") as handle:
+        handle.seek(entry.page * rank_file.slot_bytes + 100)
+        old = handle.read(16)
+        handle.seek(entry.page * rank_file.slot_bytes + 100)
+        handle.write(bytes(b ^ 0xFF for b in old))
+    return entry.page
