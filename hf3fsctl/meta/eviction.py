@@ -28,7 +28,8 @@ def _drop_key(
 ) -> list[tuple[int, int]]:
     """Delete a key on every rank; pages go to the free list. Returns (rank, page) pairs."""
     rows = conn.execute(
-        "DELETE FROM entries WHERE namespace = ? AND key = ? RETURNING rank, page, lease_until",
+        "DELETE FROM entries INDEXED BY entries_by_key WHERE namespace = ? AND key = ?"
+        " RETURNING rank, page, lease_until",
         (namespace, key),
     ).fetchall()
     conn.executemany(
@@ -87,7 +88,7 @@ def evict_for_allocation(
                 break
             if num_ranks > 1:
                 busy = conn.execute(
-                    "SELECT 1 FROM entries WHERE namespace = ? AND key = ?"
+                    "SELECT 1 FROM entries INDEXED BY entries_by_key WHERE namespace = ? AND key = ?"
                     " AND (state = 0 OR lease_until > ?) LIMIT 1",
                     (namespace, key, now),
                 ).fetchone()

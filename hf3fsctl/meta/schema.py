@@ -12,6 +12,16 @@ Tables:
   free list became reusable; 0 for a never-used page).
 - `free_pages`: pages given back, each reusable only after `reusable_after` (the latest
   read lease of the entry that held it).
+- `changes`: an append-only log, written by triggers, of every (namespace, key) that
+  gained (+1) or lost (-1) a committed rank. Each process's `CommittedIndex` replays it
+  to keep an in-memory copy of the committed set for `lookup`; old rows are pruned.
+
+Entries are clustered by (namespace, rank, page), not by key: the pages of one prefix
+chain are allocated together, so a `locate` or `commit` of a chain rewrites a couple of
+adjacent B-tree leaves instead of one random leaf per key (random block hashes). Keys
+are found through the `entries_by_key` index, which those updates never touch. There is
+deliberately no index on `last_access` either: every `locate` would rewrite it.
+Eviction sorts a rank's entries when it runs (once per high→low watermark swing).
 
 `INVARIANT_QUERIES` are the checks `MetadataStore.check_invariants` runs: each query
 returns one row per violation, rendered with its message template.
@@ -65,10 +75,9 @@ CREATE TABLE IF NOT EXISTS entries (
     deadline REAL,
     lease_until REAL NOT NULL DEFAULT 0,
     page_free_at REAL NOT NULL DEFAULT 0,
-    PRIMARY KEY (namespace, key, rank)
+    PRIMARY KEY (namespace, rank, page)
 ) WITHOUT ROWID;
-CREATE UNIQUE INDEX IF NOT EXISTS entries_by_page ON entries (namespace, rank, page);
-CREATE INDEX IF NOT EXISTS entries_by_lru ON entries (namespace, rank, last_access, depth DESC);
+CREATE UNIQUE INDEX IF NOT EXISTS entries_by_key ON entries (namespace, key, rank);
 CREATE INDEX IF NOT EXISTS entries_pending ON entries (namespace, rank, deadline)
     WHERE state = 0;
 CREATE TABLE IF NOT EXISTS free_pages (
@@ -79,6 +88,25 @@ CREATE TABLE IF NOT EXISTS free_pages (
     PRIMARY KEY (namespace, rank, page)
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS free_pages_by_time ON free_pages (namespace, rank, reusable_after);
+CREATE TABLE IF NOT EXISTS changes (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    namespace TEXT NOT NULL,
+    key TEXT NOT NULL,
+    delta INTEGER NOT NULL
+);
+CREATE TRIGGER IF NOT EXISTS changes_on_insert AFTER INSERT ON entries WHEN new.state = 1
+BEGIN
+    INSERT INTO changes (namespace, key, delta) VALUES (new.namespace, new.key, 1);
+END;
+CREATE TRIGGER IF NOT EXISTS changes_on_commit AFTER UPDATE OF state ON entries
+WHEN old.state != 1 AND new.state = 1
+BEGIN
+    INSERT INTO changes (namespace, key, delta) VALUES (new.namespace, new.key, 1);
+END;
+CREATE TRIGGER IF NOT EXISTS changes_on_delete AFTER DELETE ON entries WHEN old.state = 1
+BEGIN
+    INSERT INTO changes (namespace, key, delta) VALUES (old.namespace, old.key, -1);
+END;
 """
 
 # (message template, query returning the template's fields, one row per violation)

@@ -29,6 +29,7 @@ thread pool; the store serialises writers on one lock and reads in parallel (WAL
 from __future__ import annotations
 
 import hmac
+import json
 import logging
 import time
 from collections.abc import Awaitable, Callable, MutableMapping
@@ -54,7 +55,6 @@ from hf3fsctl.meta.models import (
     ErrorResponse,
     EvictRequest,
     LocateRequest,
-    LocateResponse,
     LookupRequest,
     LookupResponse,
     RegisterNamespaceRequest,
@@ -168,6 +168,9 @@ def create_app(
     def reply(model: BaseModel) -> Response:
         return Response(model.model_dump_json(), media_type="application/json")
 
+    def reply_dict(data: dict[str, Any]) -> Response:
+        return Response(json.dumps(data, separators=(",", ":")), media_type="application/json")
+
     def reply_list(models: list[Any]) -> Response:
         body = "[" + ",".join(m.model_dump_json() for m in models) + "]"
         return Response(body, media_type="application/json")
@@ -231,8 +234,14 @@ def create_app(
     @app.post("/v1/locate", dependencies=auth)
     def locate(body: LocateRequest) -> Response:
         check_batch(len(body.keys))
-        found = store.locate(body.namespace, body.rank, body.keys)
-        return reply(LocateResponse.model_construct(locations=found))
+        rows = store.locate_rows(body.namespace, body.rank, body.keys)
+        locations = [
+            None
+            if row is None
+            else {"key": key, "page": row[0], "checksum": row[1], "size": row[2]}
+            for key, row in zip(body.keys, rows, strict=True)
+        ]
+        return reply_dict({"locations": locations})
 
     @app.post("/v1/allocate", dependencies=auth)
     def allocate(body: AllocateRequest) -> Response:
@@ -262,11 +271,6 @@ def create_app(
     def entries(namespace: str | None = None, limit: int = 100, offset: int = 0) -> Response:
         check_batch(limit)
         return reply_list(store.list_entries(namespace, limit, offset))
-
-    def reply_dict(data: dict[str, Any]) -> Response:
-        import json
-
-        return Response(json.dumps(data), media_type="application/json")
 
     app.add_middleware(BodyLimit, max_body_bytes=max_body_bytes)
     app.add_middleware(metrics.middleware)

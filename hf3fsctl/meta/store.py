@@ -35,11 +35,14 @@ import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
+
+from pydantic import TypeAdapter
 
 from hf3fsctl.errors import InvalidRequest, MetadataUnavailable, NamespaceConflict, NotFound
 from hf3fsctl.keys import check_key, check_namespace_id, namespace_id
 from hf3fsctl.meta import schema
+from hf3fsctl.meta.committed_index import CommittedIndex, prune_changes
 from hf3fsctl.meta.eviction import evict_entries, evict_for_allocation, reclaim_expired
 from hf3fsctl.meta.models import (
     AllocateResult,
@@ -57,6 +60,8 @@ from hf3fsctl.meta.models import (
 
 logger = logging.getLogger(__name__)
 
+T = TypeVar("T")
+_LOCATIONS = TypeAdapter(list[Location | None])
 _CHUNK = 500  # keys per SQL statement (well under SQLite's variable limit)
 _FLUSH_INTERVAL_S = 1.0
 
@@ -91,7 +96,7 @@ def _placeholders(n: int) -> str:
     return ",".join("?" * n)
 
 
-def _chunks(items: Sequence[str], size: int = _CHUNK) -> Iterator[Sequence[str]]:
+def _chunks(items: Sequence[T], size: int = _CHUNK) -> Iterator[Sequence[T]]:
     for start in range(0, len(items), size):
         yield items[start : start + size]
 
@@ -142,6 +147,8 @@ class MetadataStore:
         self._counters_lock = threading.Lock()
         self._last_flush = time.monotonic()
         self._num_ranks: dict[str, int] = {}  # immutable once registered
+        self._index = CommittedIndex()
+        self._commits = 0
         Path(self.path).parent.mkdir(parents=True, exist_ok=True)
         self._init_schema()
 
@@ -160,6 +167,7 @@ class MetadataStore:
             conn.execute(f"PRAGMA synchronous = {'FULL' if self.durable else 'NORMAL'}")
             conn.execute("PRAGMA temp_store = MEMORY")
             conn.execute("PRAGMA cache_size = -32768")
+            conn.execute("PRAGMA wal_autocheckpoint = 8192")
             self._local.conn = conn
             with self._connections_lock:
                 self._connections.append(conn)
@@ -172,18 +180,16 @@ class MetadataStore:
             if str(mode).lower() != "wal":
                 logger.warning("metadata store %s: journal_mode is %s, not WAL", self.path, mode)
             with self._write_lock:
-                conn.execute("BEGIN IMMEDIATE")
                 try:
-                    for statement in schema.DDL.split(";"):
-                        if statement.strip():
-                            conn.execute(statement)
-                    conn.execute(
-                        "INSERT OR IGNORE INTO store_info VALUES ('schema_version', ?)",
-                        (str(schema.SCHEMA_VERSION),),
+                    conn.executescript(
+                        "BEGIN IMMEDIATE;"
+                        + schema.DDL
+                        + "INSERT OR IGNORE INTO store_info VALUES ('schema_version', "
+                        + f"'{schema.SCHEMA_VERSION}');COMMIT;"
                     )
-                    conn.execute("COMMIT")
                 except BaseException:
-                    conn.execute("ROLLBACK")
+                    if conn.in_transaction:
+                        conn.execute("ROLLBACK")
                     raise
 
     @contextmanager
@@ -379,27 +385,9 @@ class MetadataStore:
     def lookup(self, namespace: str, keys: Sequence[str]) -> int:
         """Number of leading `keys` committed on every rank of the namespace."""
         check_keys(keys)
-        hits = 0
         with self._read() as conn:
             num_ranks = self._ranks_of(conn, namespace)
-            for chunk in _chunks(keys):
-                complete = {
-                    r[0]
-                    for r in conn.execute(
-                        "SELECT key FROM entries WHERE namespace = ? AND key IN"
-                        f" ({_placeholders(len(chunk))}) AND state = 1"
-                        " GROUP BY key HAVING COUNT(*) = ?",
-                        (namespace, *chunk, num_ranks),
-                    )
-                }
-                found = 0
-                for key in chunk:
-                    if key not in complete:
-                        break
-                    found += 1
-                hits += found
-                if found < len(chunk):
-                    break
+            hits = self._index.leading_hits(conn, namespace, keys, num_ranks)
         with self._counters_lock:
             counter = self._counters.setdefault(namespace, [0, 0, 0])
             counter[0] += 1
@@ -416,27 +404,40 @@ class MetadataStore:
 
     def locate(self, namespace: str, rank: int, keys: Sequence[str]) -> list[Location | None]:
         """Committed locations of `keys` on `rank` (None if absent), with a read lease."""
+        rows = self.locate_rows(namespace, rank, keys)
+        return _LOCATIONS.validate_python(
+            [
+                None
+                if row is None
+                else {"key": k, "page": row[0], "checksum": row[1], "size": row[2]}
+                for k, row in zip(keys, rows, strict=True)
+            ]
+        )
+
+    def locate_rows(
+        self, namespace: str, rank: int, keys: Sequence[str]
+    ) -> list[tuple[int, str, int] | None]:
+        """`locate` as plain `(page, checksum, size)` tuples (the server's fast path)."""
         check_keys(keys)
         now = time.time()
-        found: dict[str, Location] = {}
+        found: dict[str, tuple[int, str, int]] = {}
         with self._write() as conn:
             self._ranks_of(conn, namespace)
             for chunk in _chunks(keys):
-                marks = _placeholders(len(chunk))
-                args = (namespace, rank, *chunk)
                 for key, page, checksum, size in conn.execute(
-                    "SELECT key, page, checksum, size FROM entries WHERE namespace = ?"
-                    f" AND rank = ? AND key IN ({marks}) AND state = 1",
-                    args,
+                    "SELECT key, page, checksum, size FROM entries INDEXED BY entries_by_key"
+                    " WHERE namespace = ?"
+                    f" AND key IN ({_placeholders(len(chunk))}) AND rank = ? AND state = 1",
+                    (namespace, *chunk, rank),
                 ):
-                    found[key] = Location.model_construct(
-                        key=key, page=page, checksum=checksum, size=size
-                    )
+                    found[key] = (page, checksum, size)
+            pages = sorted({row[0] for row in found.values()})
+            for chunk_pages in _chunks(pages):
                 conn.execute(
                     "UPDATE entries SET hits = hits + 1, last_access = ?,"
                     " lease_until = MAX(lease_until, ?) WHERE namespace = ? AND rank = ?"
-                    f" AND key IN ({marks}) AND state = 1",
-                    (now, now + self.lease_s, *args),
+                    f" AND page IN ({_placeholders(len(chunk_pages))})",
+                    (now, now + self.lease_s, namespace, rank, *chunk_pages),
                 )
             if found:
                 conn.execute(
@@ -463,7 +464,8 @@ class MetadataStore:
             unique = list(depth_of)
             for chunk in _chunks(unique):
                 for key, state, page, deadline in conn.execute(
-                    "SELECT key, state, page, deadline FROM entries WHERE namespace = ?"
+                    "SELECT key, state, page, deadline FROM entries INDEXED BY entries_by_key"
+                    " WHERE namespace = ?"
                     f" AND key IN ({_placeholders(len(chunk))}) AND rank = ?",
                     (namespace, *chunk, rank),
                 ):
@@ -482,7 +484,7 @@ class MetadataStore:
             if regrant:
                 conn.executemany(
                     "UPDATE entries SET deadline = ?, depth = ?, created = MAX(created, ?)"
-                    " WHERE namespace = ? AND key = ? AND rank = ?",
+                    " WHERE namespace = ? AND key = ? AND rank = ? AND state = 0",
                     [(d, depth, now, namespace, key, rank) for d, depth, key in regrant],
                 )
             need = len(new_keys)
@@ -550,13 +552,16 @@ class MetadataStore:
             self._rank_file(conn, namespace, rank)
             cursor = conn.executemany(
                 "UPDATE entries SET state = 1, checksum = ?, size = ?, deadline = NULL,"
-                " last_access = ? WHERE namespace = ? AND key = ? AND rank = ? AND page = ?"
+                " last_access = ? WHERE namespace = ? AND rank = ? AND page = ? AND key = ?"
                 " AND state = 0",
                 [
-                    (item.checksum, item.size, now, namespace, item.key, rank, item.page)
+                    (item.checksum, item.size, now, namespace, rank, item.page, item.key)
                     for item in items
                 ],
             )
+            self._commits += 1
+            if self._commits % 512 == 0:
+                prune_changes(conn)
             return max(cursor.rowcount, 0)
 
     def release(self, namespace: str, rank: int, allocations: Sequence[Allocation]) -> int:
@@ -570,9 +575,9 @@ class MetadataStore:
             self._rank_file(conn, namespace, rank)
             for allocation in allocations:
                 cursor = conn.execute(
-                    "DELETE FROM entries WHERE namespace = ? AND key = ? AND rank = ?"
-                    " AND page = ? AND state = 0",
-                    (namespace, allocation.key, rank, allocation.page),
+                    "DELETE FROM entries WHERE namespace = ? AND rank = ? AND page = ?"
+                    " AND key = ? AND state = 0",
+                    (namespace, rank, allocation.page, allocation.key),
                 )
                 if cursor.rowcount:
                     conn.execute(
