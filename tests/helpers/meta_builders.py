@@ -63,3 +63,25 @@ def commit_items(allocations: list[Any]) -> list[CommitItem]:
         CommitItem(key=a.key, page=a.page, checksum=checksum(a.key, a.page), size=PAGE_BYTES)
         for a in allocations
     ]
+
+
+def register(client: Any, num_pages: int = 100, tp_size: int = 1, model: str = "tiny") -> str:
+    """Register a namespace and all its rank files on a store or client; returns its id."""
+    from hf3fsctl.keys import namespace_id
+
+    data = manifest(model=model, tp_size=tp_size)
+    ns = namespace_id(data)
+    client.register_namespace(ns, data)
+    for rank in range(tp_size):
+        client.register_rank(ns, rank_file(ns, rank, num_pages))
+    return ns
+
+
+def store_keys(
+    client: Any, ns: str, chain: list[str], ranks: int = 1, first_depth: int = 0
+) -> None:
+    """Allocate and commit `chain` on every rank (asserting every key got a page)."""
+    for rank in range(ranks):
+        result = client.allocate(ns, rank, chain, first_depth)
+        assert not result.no_space, f"no space for {len(result.no_space)} keys"
+        client.commit(ns, rank, commit_items(result.allocated))

@@ -36,8 +36,7 @@ def write_config(directory: Path, db_path: Path, extra: str = "") -> Path:
     """A config whose metadata store is `db_path`; `extra` is appended YAML."""
     config = directory / "hf3fs.yaml"
     config.write_text(
-        f"storage:\n  path: {directory / 'storage'}\n"
-        f"metadata:\n  url: sqlite:///{db_path}\n{extra}"
+        f"storage:\n  path: {directory / 'storage'}\nmetadata:\n  url: sqlite:///{db_path}\n{extra}"
     )
     return config
 

@@ -1,0 +1,248 @@
+"""MetadataStore: namespaces, the data path (lookup, locate, allocate, commit, release)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+from helpers.meta_builders import (
+    commit_items,
+    keys,
+    manifest,
+    rank_file,
+    register,
+    store_keys,
+)
+
+from hf3fsctl.errors import InvalidRequest, NamespaceConflict, NotFound
+from hf3fsctl.keys import namespace_id
+from hf3fsctl.meta.models import Allocation, CommitItem, RankFile
+from hf3fsctl.meta.store import MetadataStore
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> MetadataStore:
+    s = MetadataStore(tmp_path / "meta.db", lease_s=30)
+    yield s
+    s.close()
+
+
+def test_register_namespace_is_idempotent(store: MetadataStore) -> None:
+    data = manifest()
+    ns = namespace_id(data)
+    first = store.register_namespace(ns, data)
+    assert store.register_namespace(ns, data) == first
+
+
+def test_register_namespace_takes_ranks_from_manifest(store: MetadataStore) -> None:
+    data = manifest(tp_size=4)
+    assert store.register_namespace(namespace_id(data), data).num_ranks == 4
+
+
+def test_register_namespace_rejects_id_not_matching_manifest(store: MetadataStore) -> None:
+    with pytest.raises(InvalidRequest, match="does not match"):
+        store.register_namespace("0123456789abcdef", manifest())
+
+
+def test_register_rank_conflict_on_different_file(store: MetadataStore) -> None:
+    ns = register(store, num_pages=10)
+    with pytest.raises(NamespaceConflict):
+        store.register_rank(ns, rank_file(ns, 0, 11))
+
+
+def test_register_rank_identical_is_idempotent(store: MetadataStore) -> None:
+    ns = register(store, num_pages=10)
+    assert store.register_rank(ns, rank_file(ns, 0, 10)).rank_files == [rank_file(ns, 0, 10)]
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        RankFile(rank=1, path="x", page_bytes=4096, slot_bytes=4096, num_pages=1),
+        RankFile(rank=0, path="x", page_bytes=8192, slot_bytes=8192, num_pages=1),
+    ],
+    ids=["rank-out-of-range", "page-bytes-not-manifest"],
+)
+def test_register_rank_rejects_invalid_file(store: MetadataStore, bad: RankFile) -> None:
+    data = manifest()
+    ns = namespace_id(data)
+    store.register_namespace(ns, data)
+    with pytest.raises(InvalidRequest):
+        store.register_rank(ns, bad)
+
+
+def test_get_namespace_unknown_is_not_found(store: MetadataStore) -> None:
+    with pytest.raises(NotFound):
+        store.get_namespace("0123456789abcdef")
+
+
+def test_namespaces_lists_every_registered(store: MetadataStore) -> None:
+    ids = {register(store, model="a"), register(store, model="b")}
+    assert {n.id for n in store.namespaces()} == ids
+
+
+def test_lookup_counts_leading_committed_keys_only(store: MetadataStore) -> None:
+    ns = register(store)
+    chain = keys(6)
+    store_keys(store, ns, chain[:3] + chain[4:])
+    assert store.lookup(ns, chain) == 3
+
+
+def test_lookup_requires_every_rank(store: MetadataStore) -> None:
+    ns = register(store, tp_size=2)
+    chain = keys(4)
+    result = store.allocate(ns, 0, chain)
+    store.commit(ns, 0, commit_items(result.allocated))
+    assert store.lookup(ns, chain) == 0
+
+
+def test_lookup_ignores_pending_entries(store: MetadataStore) -> None:
+    ns = register(store)
+    store.allocate(ns, 0, keys(3))
+    assert store.lookup(ns, keys(3)) == 0
+
+
+def test_lookup_sees_commits_of_another_store_instance(tmp_path: Path) -> None:
+    reader, writer = MetadataStore(tmp_path / "m.db"), MetadataStore(tmp_path / "m.db")
+    ns = register(writer)
+    assert reader.lookup(ns, keys(2)) == 0
+    store_keys(writer, ns, keys(2))
+    assert reader.lookup(ns, keys(2)) == 2
+
+
+def test_lookup_rejects_malformed_key(store: MetadataStore) -> None:
+    ns = register(store)
+    with pytest.raises(InvalidRequest, match="malformed"):
+        store.lookup(ns, ["NOT-HEX"])
+
+
+def test_lookup_unknown_namespace_is_not_found(store: MetadataStore) -> None:
+    with pytest.raises(NotFound):
+        store.lookup("0123456789abcdef", keys(1))
+
+
+def test_locate_returns_committed_location_and_none_for_missing(store: MetadataStore) -> None:
+    ns = register(store)
+    store_keys(store, ns, keys(1))
+    found, missing = store.locate(ns, 0, [keys(1)[0], keys(1, start=9)[0]])
+    assert (found is not None, missing) == (True, None)
+    assert found.checksum and found.size == 4096
+
+
+def test_locate_counts_hits(store: MetadataStore) -> None:
+    ns = register(store)
+    store_keys(store, ns, keys(2))
+    store.locate(ns, 0, keys(2))
+    assert store.stats().namespaces[0].hits == 2
+
+
+def test_allocate_gives_distinct_pages(store: MetadataStore) -> None:
+    ns = register(store)
+    result = store.allocate(ns, 0, keys(10))
+    assert len({a.page for a in result.allocated}) == 10
+
+
+def test_allocate_reports_committed_and_pending_keys_as_existing(store: MetadataStore) -> None:
+    ns = register(store)
+    store_keys(store, ns, keys(2))
+    store.allocate(ns, 0, keys(2, start=2))
+    assert store.allocate(ns, 0, keys(4)).existing == keys(4)
+
+
+def test_allocate_reclaims_pending_of_dead_writer(tmp_path: Path) -> None:
+    store = MetadataStore(tmp_path / "m.db", pending_timeout_s=0.01)
+    ns = register(store)
+    first = store.allocate(ns, 0, keys(1)).allocated
+    time.sleep(0.02)
+    assert store.allocate(ns, 0, keys(1)).allocated == first
+
+
+def test_allocate_no_space_when_full_of_pending(store: MetadataStore) -> None:
+    ns = register(store, num_pages=4)
+    store.allocate(ns, 0, keys(4))
+    assert store.allocate(ns, 0, keys(2, start=4)).no_space == keys(2, start=4)
+
+
+def test_allocate_unregistered_rank_is_not_found(store: MetadataStore) -> None:
+    ns = register(store)
+    with pytest.raises(NotFound):
+        store.allocate(ns, 3, keys(1))
+
+
+def test_commit_only_exact_pending_pairs(store: MetadataStore) -> None:
+    ns = register(store)
+    (allocation,) = store.allocate(ns, 0, keys(1)).allocated
+    wrong = CommitItem(key=allocation.key, page=allocation.page + 1, checksum="ab", size=1)
+    assert store.commit(ns, 0, [wrong]) == 0
+
+
+def test_commit_twice_counts_once(store: MetadataStore) -> None:
+    ns = register(store)
+    items = commit_items(store.allocate(ns, 0, keys(3)).allocated)
+    assert (store.commit(ns, 0, items), store.commit(ns, 0, items)) == (3, 0)
+
+
+def test_release_frees_only_exact_pending_pairs(store: MetadataStore) -> None:
+    ns = register(store)
+    allocated = store.allocate(ns, 0, keys(2)).allocated
+    wrong = Allocation(key=allocated[0].key, page=allocated[1].page)
+    assert store.release(ns, 0, [wrong, allocated[1]]) == 1
+
+
+def test_release_does_not_free_committed(store: MetadataStore) -> None:
+    ns = register(store)
+    allocated = store.allocate(ns, 0, keys(1)).allocated
+    store.commit(ns, 0, commit_items(allocated))
+    assert store.release(ns, 0, allocated) == 0
+
+
+def test_released_page_is_reused(store: MetadataStore) -> None:
+    ns = register(store, num_pages=1)
+    allocated = store.allocate(ns, 0, keys(1)).allocated
+    store.release(ns, 0, allocated)
+    assert store.allocate(ns, 0, keys(1, start=5)).allocated[0].page == allocated[0].page
+
+
+def test_stats_counts_keys_pages_and_lookup_traffic(store: MetadataStore) -> None:
+    ns = register(store, num_pages=10, tp_size=2)
+    store_keys(store, ns, keys(3), ranks=2)
+    store.lookup(ns, keys(5))
+    got = store.stats().namespaces[0]
+    assert (got.keys, got.pages_used, got.pages_total) == (3, 6, 20)
+    assert (got.lookups, got.lookup_keys, got.hit_keys) == (1, 5, 3)
+
+
+def test_lookup_counters_survive_reopen(tmp_path: Path) -> None:
+    store = MetadataStore(tmp_path / "m.db")
+    ns = register(store)
+    store.lookup(ns, keys(4))
+    store.close()
+    assert MetadataStore(tmp_path / "m.db").stats().namespaces[0].lookup_keys == 4
+
+
+def test_list_entries_most_recent_first(store: MetadataStore) -> None:
+    ns = register(store)
+    store_keys(store, ns, keys(2))
+    time.sleep(0.01)
+    store.locate(ns, 0, keys(1, start=1))
+    assert store.list_entries(ns)[0].key == keys(1, start=1)[0]
+
+
+def test_committed_entries_survive_reopen(tmp_path: Path) -> None:
+    store = MetadataStore(tmp_path / "m.db")
+    ns = register(store)
+    store_keys(store, ns, keys(5))
+    store.close()
+    assert MetadataStore(tmp_path / "m.db").lookup(ns, keys(5)) == 5
+
+
+def test_health_reports_ok(store: MetadataStore) -> None:
+    assert store.health()["status"] == "ok"
+
+
+def test_fresh_store_has_no_invariant_violations(store: MetadataStore) -> None:
+    ns = register(store, num_pages=8)
+    store_keys(store, ns, keys(4))
+    store.allocate(ns, 0, keys(2, start=4))
+    assert store.check_invariants() == []
