@@ -81,8 +81,8 @@ def verify(buffer: Any, expected: str) -> bool:
 
 def _as_bytes_view(buffer: Any) -> memoryview:
     view = buffer if isinstance(buffer, memoryview) else memoryview(buffer)
+    if not view.c_contiguous:
+        raise InvalidRequest("cannot checksum a non-contiguous buffer")
     if view.format != "B" or view.ndim != 1:
-        if not view.c_contiguous:
-            raise InvalidRequest("cannot checksum a non-contiguous buffer")
         view = view.cast("B")
     return view

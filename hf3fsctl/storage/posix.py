@@ -41,6 +41,10 @@ logger = logging.getLogger(__name__)
 
 # Smallest share of a batch worth handing to another thread.
 MIN_TASK_BYTES = 256 * 1024
+# Largest single vectored call: big enough to amortise the syscall, small enough that the
+# checksum pass that follows finds the bytes still in the CPU cache, and that one thread's
+# checksumming overlaps another's transfer.
+MAX_TASK_BYTES = 4 * 1024 * 1024
 _ZEROS = bytes(PAGE_ALIGN)
 
 
@@ -77,17 +81,21 @@ class PosixEngine:
 
     name = "posix"
 
-    def __init__(self, *, io_threads: int = 16, o_direct: bool = False) -> None:
+    def __init__(
+        self, *, io_threads: int = 16, o_direct: bool = False, max_task_bytes: int = MAX_TASK_BYTES
+    ) -> None:
         """Start the engine.
 
         Args:
             io_threads: the most threads one batch is spread over.
             o_direct: bypass the page cache where everything is 4096-aligned.
+            max_task_bytes: the most bytes one vectored call moves (at least one page).
         """
         if io_threads < 1:
             raise InvalidRequest(f"io_threads must be at least 1, got {io_threads}")
         self.io_threads = io_threads
         self.o_direct = o_direct
+        self.max_task_bytes = max_task_bytes
         self._iov_max = max(2, os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024)
         self._pool: ThreadPoolExecutor | None = (
             ThreadPoolExecutor(max_workers=io_threads - 1, thread_name_prefix="hf3fs-io")
@@ -189,7 +197,7 @@ class PosixEngine:
         per_task = max(
             math.ceil(len(ops) / self.io_threads), math.ceil(MIN_TASK_BYTES / file.slot_bytes)
         )
-        per_task = min(per_task, self._iov_max // 2)
+        per_task = min(per_task, self._iov_max // 2, max(1, self.max_task_bytes // file.slot_bytes))
         tasks: list[list[_Op]] = [[ops[0]]]
         for prev, op in itertools.pairwise(ops):
             current = tasks[-1]
