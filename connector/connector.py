@@ -1,0 +1,181 @@
+"""`Hf3fsctlConnector`: vLLM's KVConnectorBase_V1, as a facade.
+
+Each method delegates to the scheduler-side object (`connector.scheduler`) in the
+engine-core process or the worker-side object (`connector.worker`) in each worker
+process; in-process vLLM builds one of each in the same process. Load with
+`kv_connector="Hf3fsctlConnector"` and either the plugin entry point or
+`kv_connector_module_path="hf3fsctl_connector.connector"`.
+
+Start-up checks: the configuration (`kv_connector_extra_config`) must load, the model
+must have one full-attention KV cache group and no pipeline parallelism, and a
+`kv_load_failure_policy` other than "recompute" is warned about (a failed load would end
+the request in an error instead of recomputing it).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+import torch
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+    KVConnectorBase_V1,
+    KVConnectorMetadata,
+    KVConnectorRole,
+)
+from vllm.v1.metrics.cache_hit_source import CacheHitSource
+
+from .metadata import Hf3fsctlConnectorMetadata
+from .namespace import build_manifest, load_settings
+from .scheduler import SchedulerSide
+from .service import MetadataGuard
+from .stats import Hf3fsctlConnectorStats, Hf3fsctlPromMetrics, StatsRecorder
+from .worker import WorkerSide
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+    from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (
+        KVConnectorPromMetrics,
+        KVConnectorStats,
+        PromMetric,
+        PromMetricT,
+    )
+    from vllm.forward_context import ForwardContext
+    from vllm.v1.attention.backend import AttentionMetadata
+    from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+    from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.kv_cache_interface import KVCacheConfig
+    from vllm.v1.request import Request
+
+logger = logging.getLogger(__name__)
+
+
+class Hf3fsctlConnector(KVConnectorBase_V1):
+    """Persistent, shareable KV pages on 3FS (or any POSIX file system)."""
+
+    _cache_hit_source = getattr(CacheHitSource, "DISK", CacheHitSource.EXTERNAL_UNSPECIFIED)
+
+    def __init__(
+        self, vllm_config: VllmConfig, role: KVConnectorRole, kv_cache_config: KVCacheConfig
+    ) -> None:
+        super().__init__(vllm_config, role, kv_cache_config)
+        self.settings = load_settings(vllm_config)
+        self.manifest = build_manifest(vllm_config, kv_cache_config)
+        self.stats = StatsRecorder()
+        self.scheduler_side: SchedulerSide | None = None
+        self.worker_side: WorkerSide | None = None
+        if role == KVConnectorRole.SCHEDULER:
+            policy = self._kv_transfer_config.kv_load_failure_policy
+            if policy != "recompute":
+                logger.warning(
+                    "kv_load_failure_policy=%r: a failed hf3fsctl load will fail the request "
+                    "instead of recomputing it; set kv_load_failure_policy='recompute' "
+                    "(`hf3fsctl vllm-config` does)",
+                    policy,
+                )
+            self.scheduler_side = SchedulerSide(
+                self.settings, self.manifest, MetadataGuard(self.settings), self.stats
+            )
+            logger.info(
+                "hf3fsctl connector scheduler: namespace %s, storage %s, metadata %s",
+                self.manifest.namespace_id,
+                self.settings.storage.path,
+                self.settings.metadata_url,
+            )
+        else:
+            self.worker_side = WorkerSide(self.settings, self.manifest, kv_cache_config, self.stats)
+
+    @property
+    def requires_kv_delivery(self) -> bool:
+        """A dropped save is a future miss, never lost data: no delivery guarantee."""
+        return False
+
+    # --- worker side ---------------------------------------------------------------
+
+    @property
+    def _worker(self) -> WorkerSide:
+        assert self.worker_side is not None, "worker-side method called on the scheduler"
+        return self.worker_side
+
+    @property
+    def _scheduler(self) -> SchedulerSide:
+        assert self.scheduler_side is not None, "scheduler-side method called on a worker"
+        return self.scheduler_side
+
+    def _meta(self) -> Hf3fsctlConnectorMetadata:
+        meta = self._connector_metadata
+        return meta if isinstance(meta, Hf3fsctlConnectorMetadata) else Hf3fsctlConnectorMetadata()
+
+    def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
+        self._worker.register_kv_caches(kv_caches)
+
+    def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
+        self._worker.start_load_kv(self._meta())
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        return
+
+    def save_kv_layer(
+        self,
+        layer_name: str,
+        kv_layer: torch.Tensor,
+        attn_metadata: AttentionMetadata,
+        **kwargs: Any,
+    ) -> None:
+        return
+
+    def wait_for_save(self) -> None:
+        self._worker.wait_for_save(self._meta())
+
+    def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
+        return self._worker.get_finished(finished_req_ids)
+
+    def get_block_ids_with_load_errors(self) -> set[int]:
+        return self._worker.get_block_ids_with_load_errors()
+
+    def get_kv_connector_stats(self) -> KVConnectorStats | None:
+        return self.stats.take()
+
+    def shutdown(self) -> None:
+        if self.worker_side is not None:
+            self.worker_side.shutdown()
+        if self.scheduler_side is not None:
+            self.scheduler_side.shutdown()
+
+    # --- scheduler side ------------------------------------------------------------
+
+    def get_num_new_matched_tokens(
+        self, request: Request, num_computed_tokens: int
+    ) -> tuple[int | None, bool]:
+        return self._scheduler.get_num_new_matched_tokens(request, num_computed_tokens)
+
+    def update_state_after_alloc(
+        self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int
+    ) -> None:
+        self._scheduler.update_state_after_alloc(request, blocks, num_external_tokens)
+
+    def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
+        return self._scheduler.build_connector_meta(scheduler_output)
+
+    def request_finished(
+        self, request: Request, block_ids: list[int]
+    ) -> tuple[bool, dict[str, Any] | None]:
+        return self._scheduler.request_finished(request)
+
+    # --- stats ---------------------------------------------------------------------
+
+    @classmethod
+    def build_kv_connector_stats(
+        cls, data: dict[str, Any] | None = None
+    ) -> KVConnectorStats | None:
+        return Hf3fsctlConnectorStats(data=data or {})
+
+    @classmethod
+    def build_prom_metrics(
+        cls,
+        vllm_config: VllmConfig,
+        metric_types: dict[type[PromMetric], type[PromMetricT]],
+        labelnames: list[str],
+        per_engine_labelvalues: dict[int, list[object]],
+    ) -> KVConnectorPromMetrics | None:
+        return Hf3fsctlPromMetrics(vllm_config, metric_types, labelnames, per_engine_labelvalues)

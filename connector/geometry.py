@@ -1,0 +1,121 @@
+"""Page geometry: vLLM's KV cache tensors as byte segments, checked against reality.
+
+Contract: `kv_segments(kv_caches, kv_cache_config)` turns
+`KVCacheConfig.kv_cache_tensors` (offset, layer_stride, block_stride, layers) into
+`hf3fsctl.staging.KVSegment`s over the real backing allocations handed to
+`register_kv_caches`, and verifies every claim against the tensors: each layer's view
+starts at `offset + l*layer_stride` of its allocation, steps `block_stride` bytes per
+block, spans no more than `page_size_bytes` inside a block, and every layer of the
+stored group appears exactly once. Any mismatch is a `ConfigError` at start-up — pages
+are never read back through a geometry we only assumed.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from hf3fsctl.errors import ConfigError
+from hf3fsctl.staging import KVSegment
+
+if TYPE_CHECKING:
+    from vllm.v1.kv_cache_interface import KVCacheConfig
+
+
+def _byte_view(tensor: torch.Tensor) -> torch.Tensor:
+    """A 1-D uint8 tensor over the whole storage behind `tensor` (no copy)."""
+    storage = tensor.untyped_storage()
+    return torch.empty(0, dtype=torch.uint8, device=tensor.device).set_(storage)
+
+
+def _block_extent_bytes(view: torch.Tensor) -> int:
+    """Bytes spanned by one block of a `[num_blocks, ...]` view (strides may be anything)."""
+    span = 1 + sum(
+        (size - 1) * stride for size, stride in zip(view.shape[1:], view.stride()[1:], strict=True)
+    )
+    return span * view.element_size()
+
+
+def kv_segments(
+    kv_caches: dict[str, torch.Tensor], kv_cache_config: KVCacheConfig, layer_names: list[str]
+) -> list[KVSegment]:
+    """The KV cache as byte segments, in the order their ranges make up a stored page.
+
+    Args:
+        kv_caches: `register_kv_caches`'s argument, `{layer_name: view}`.
+        kv_cache_config: the engine's KV cache configuration.
+        layer_names: the layers of the stored KV cache group.
+
+    Raises:
+        ConfigError: the tensors do not match the configured geometry, or the layout is
+            one this connector cannot describe as byte ranges.
+    """
+    from .namespace import kv_group
+
+    spec = kv_group(kv_cache_config).kv_cache_spec
+    page = int(spec.page_size_bytes)
+    wanted = set(layer_names)
+    seen: list[str] = []
+    segments: list[KVSegment] = []
+    for tensor_spec in kv_cache_config.kv_cache_tensors:
+        layers = [name for name in tensor_spec.layers if name in wanted]
+        if not layers:
+            continue
+        if layers != list(tensor_spec.layers):
+            raise ConfigError(
+                "a KV cache tensor mixes stored and unstored layers: "
+                f"{list(tensor_spec.layers)}; non-uniform layouts are not supported"
+            )
+        missing = [name for name in layers if name not in kv_caches]
+        if missing:
+            raise ConfigError(f"register_kv_caches got no tensor for layers {missing}")
+        first = kv_caches[layers[0]]
+        base = _byte_view(first)
+        base_ptr = first.untyped_storage().data_ptr()
+        num_blocks = int(first.shape[0])
+        if num_blocks != kv_cache_config.num_blocks:
+            raise ConfigError(
+                f"KV tensor of {layers[0]} has {num_blocks} blocks, the config "
+                f"{kv_cache_config.num_blocks}"
+            )
+        for index, name in enumerate(layers):
+            view = kv_caches[name]
+            where = view.data_ptr() - base_ptr
+            expected = tensor_spec.offset + index * tensor_spec.layer_stride
+            if view.untyped_storage().data_ptr() != base_ptr or where != expected:
+                raise ConfigError(
+                    f"layer {name} starts at byte {where} of its allocation, but "
+                    f"kv_cache_tensors says {expected}: unknown KV cache layout"
+                )
+            block_stride = view.stride(0) * view.element_size()
+            if int(view.shape[0]) != num_blocks or block_stride != tensor_spec.block_stride:
+                raise ConfigError(
+                    f"layer {name}: {view.shape[0]} blocks every {block_stride} bytes, "
+                    f"config says {num_blocks} every {tensor_spec.block_stride}"
+                )
+            if _block_extent_bytes(view) > page:
+                raise ConfigError(
+                    f"layer {name}: one block spans {_block_extent_bytes(view)} bytes, more "
+                    f"than page_size_bytes={page}: unknown KV cache layout"
+                )
+        segment = KVSegment(
+            buffer=base,
+            offset=int(tensor_spec.offset),
+            layer_stride=int(tensor_spec.layer_stride),
+            block_stride=int(tensor_spec.block_stride),
+            num_layers=len(layers),
+            num_blocks=num_blocks,
+            page_size=page,
+        )
+        try:
+            segment.check()
+        except ValueError as exc:
+            raise ConfigError(f"KV cache geometry is not usable: {exc}") from None
+        segments.append(segment)
+        seen.extend(layers)
+    if sorted(seen) != sorted(wanted):
+        raise ConfigError(
+            f"kv_cache_tensors cover layers {sorted(seen)}, the KV group has {sorted(wanted)}"
+        )
+    return segments

@@ -1,0 +1,61 @@
+"""Per-step metadata (scheduler → workers) and the scheduler's per-request state.
+
+Contract: `Hf3fsctlConnectorMetadata` is everything a worker needs for one step and is
+pickled to worker processes, so it holds plain data only. Block ids index the KV
+cache's blocks; keys are hex block hashes, one per block id, in prefix order.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorMetadata
+
+if TYPE_CHECKING:
+    from vllm.v1.request import Request
+
+
+@dataclass
+class LoadJob:
+    """Read stored pages into blocks the scheduler allocated for a waiting request."""
+
+    req_id: str  # the request whose blocks are filled; reported in finished_recving
+    block_ids: list[int]  # destination KV blocks, one per key
+    keys: list[str]  # block keys, in prefix order
+
+
+@dataclass
+class SaveJob:
+    """Store blocks that became full in this step (gathered before the step returns)."""
+
+    req_id: str  # the request owning the blocks (held until saves finish)
+    block_ids: list[int]  # source KV blocks, one per key
+    keys: list[str]  # block keys, in prefix order
+    first_depth: int  # chain position of keys[0] (eviction drops tails first)
+
+
+@dataclass
+class Hf3fsctlConnectorMetadata(KVConnectorMetadata):
+    """One step's work for the workers."""
+
+    loads: list[LoadJob] = field(default_factory=list)  # start after this step's forward
+    saves: list[SaveJob] = field(default_factory=list)  # gather in wait_for_save
+
+    def is_empty(self) -> bool:
+        """Whether the step carries no transfer."""
+        return not self.loads and not self.saves
+
+
+@dataclass
+class RequestState:
+    """What the scheduler side remembers about one live request."""
+
+    request: Request  # vLLM's live request (block_hashes grows with its tokens)
+    lookup: Future[int] | None = None  # metadata lookup running off the engine thread
+    lookup_started: float = 0.0  # monotonic time the lookup was submitted
+    hit_blocks: int | None = None  # leading prompt blocks stored (None: not known yet)
+    local_computed_tokens: int = 0  # locally cached tokens at the last match query
+    stored_upto: int = 0  # blocks [0, stored_upto) are stored, loading or being saved
+    save_jobs: int = 0  # save jobs issued; >0 means request_finished holds the blocks

@@ -1,0 +1,231 @@
+"""Scheduler side of the connector: lookups, load plans, save plans, block holding.
+
+Contract:
+    * Block keys are vLLM's `request.block_hashes` in hex. One metadata `lookup` per
+      waiting request runs on a small thread pool; `get_num_new_matched_tokens` returns
+      None while it is in flight (vLLM asks again next step) and treats a lookup older
+      than `metadata.timeout_s`, or any failure, as a miss. The last prompt token is
+      never covered. Loads are asynchronous: `(tokens, True)`.
+    * `build_connector_meta` drains the step's work: loads planned by
+      `update_state_after_alloc`, and saves of prompt blocks that become full this step
+      and are not already stored or being saved (decode blocks only with
+      `connector.save_decode_blocks`). Each block is planned for saving once.
+    * `request_finished` returns True (hold the blocks) when any save job was issued
+      for the request; the workers report it in `finished_sending` once those saves end
+      (both sides decide from the same metadata, so they agree).
+    * A preempted request loses its blocks: its cached lookup is dropped, and nothing is
+      ever planned against blocks it no longer owns.
+    * While the metadata service is marked down: no lookups (misses) and no saves.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any
+
+from hf3fsctl.config import Config
+from hf3fsctl.errors import MetadataUnavailable
+from hf3fsctl.keys import NamespaceManifest, block_keys
+
+from .metadata import Hf3fsctlConnectorMetadata, LoadJob, RequestState, SaveJob
+from .service import MetadataGuard, ServiceDown
+from .stats import StatsRecorder
+
+if TYPE_CHECKING:
+    from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+    from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.request import Request
+
+logger = logging.getLogger(__name__)
+
+LOOKUP_THREADS = 4
+
+
+class SchedulerSide:
+    """Bookkeeping of the scheduler process; never does I/O on the engine thread."""
+
+    def __init__(
+        self,
+        config: Config,
+        manifest: NamespaceManifest,
+        guard: MetadataGuard,
+        stats: StatsRecorder,
+    ) -> None:
+        self.config = config
+        self.manifest = manifest
+        self.namespace = manifest.namespace_id
+        self.block_size = manifest.block_size
+        self.guard = guard
+        self.stats = stats
+        self._requests: dict[str, RequestState] = {}
+        self._pending_loads: list[LoadJob] = []
+        self._pool = ThreadPoolExecutor(LOOKUP_THREADS, thread_name_prefix="hf3fsctl-lookup")
+
+    # --- matching ----------------------------------------------------------------
+
+    def _state(self, request: Request) -> RequestState:
+        state = self._requests.get(request.request_id)
+        if state is None:
+            state = RequestState(request=request)
+            self._requests[request.request_id] = state
+        return state
+
+    def _prompt_keys(self, request: Request) -> list[str]:
+        full = min(request.num_prompt_tokens // self.block_size, len(request.block_hashes))
+        return block_keys(request.block_hashes[:full])
+
+    def _timed_lookup(self, keys: list[str]) -> int:
+        started = time.monotonic()
+        hits = self.guard.call(lambda client: client.lookup(self.namespace, keys))
+        self.stats.observe("lookup_s", time.monotonic() - started)
+        return hits
+
+    def _resolve_lookup(self, state: RequestState) -> bool:
+        """Fill `state.hit_blocks` if the lookup is done or overdue; False while pending."""
+        if state.hit_blocks is not None:
+            return True
+        if state.lookup is None:
+            keys = self._prompt_keys(state.request)
+            if not keys:
+                state.hit_blocks = 0
+                return True
+            if not self.guard.available():
+                self.stats.add(misses=1)
+                state.hit_blocks = 0
+                return True
+            state.lookup_started = time.monotonic()
+            state.lookup = self._pool.submit(self._timed_lookup, keys)
+            self.stats.add(lookup_blocks=len(keys))
+        future: Future[int] = state.lookup
+        if not future.done():
+            if time.monotonic() - state.lookup_started < self.config.metadata.timeout_s:
+                return False
+            logger.warning(
+                "lookup of request %s took longer than %.2f s: served as a miss",
+                state.request.request_id,
+                self.config.metadata.timeout_s,
+            )
+            self.stats.add(misses=1)
+            state.hit_blocks = 0
+            return True
+        try:
+            hits = future.result()
+        except ServiceDown:
+            self.stats.add(misses=1)
+            hits = 0
+        except MetadataUnavailable as exc:
+            logger.warning("lookup failed (%s): served as a miss", exc)
+            self.stats.add(misses=1)
+            hits = 0
+        except Exception:
+            logger.exception("lookup failed unexpectedly: served as a miss")
+            self.stats.add(misses=1)
+            hits = 0
+        else:
+            self.stats.add(lookups=1)
+        state.hit_blocks = int(hits)
+        state.stored_upto = max(state.stored_upto, state.hit_blocks)
+        return True
+
+    def get_num_new_matched_tokens(
+        self, request: Request, num_computed_tokens: int
+    ) -> tuple[int | None, bool]:
+        """Tokens loadable beyond `num_computed_tokens` (None while the lookup runs)."""
+        state = self._state(request)
+        if not self._resolve_lookup(state):
+            return None, False
+        assert state.hit_blocks is not None
+        state.local_computed_tokens = num_computed_tokens
+        # Never cover the last token: vLLM must compute at least one to sample from.
+        loadable = min(state.hit_blocks, (request.num_tokens - 1) // self.block_size)
+        new_blocks = loadable - num_computed_tokens // self.block_size
+        if new_blocks <= 0 or new_blocks < self.config.connector.min_hit_blocks:
+            return 0, False
+        return new_blocks * self.block_size, True
+
+    def update_state_after_alloc(
+        self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int
+    ) -> None:
+        """Plan the load into the blocks vLLM just allocated for the external tokens."""
+        if num_external_tokens <= 0:
+            return
+        state = self._state(request)
+        first = state.local_computed_tokens // self.block_size
+        count = num_external_tokens // self.block_size
+        block_ids = list(blocks.get_block_ids()[0][first : first + count])
+        keys = block_keys(request.block_hashes[first : first + count])
+        if len(block_ids) != count or len(keys) != count:
+            logger.error(
+                "request %s: load plan mismatch (%d blocks, %d keys, %d wanted); not loading",
+                request.request_id,
+                len(block_ids),
+                len(keys),
+                count,
+            )
+            return
+        self._pending_loads.append(LoadJob(request.request_id, block_ids, keys))
+        self.stats.add(hit_blocks=count, hit_tokens=count * self.block_size)
+        state.stored_upto = max(state.stored_upto, first + count)
+
+    # --- per step ----------------------------------------------------------------
+
+    def _save_limit(self, request: Request, tokens_after_step: int) -> int:
+        """Blocks of `request` whose KV is complete after this step and may be saved."""
+        limit = tokens_after_step
+        if not self.config.connector.save_decode_blocks:
+            limit = min(limit, request.num_prompt_tokens)
+        return min(limit // self.block_size, len(request.block_hashes))
+
+    def _block_ids(self, output: SchedulerOutput, req_id: str) -> list[int] | None:
+        state = output.kv_connector_block_state
+        if state is None or req_id not in state.req_ids:
+            return None
+        return list(state.resolve_block_ids(req_id)[0])
+
+    def _plan_saves(self, output: SchedulerOutput) -> list[SaveJob]:
+        saves: list[SaveJob] = []
+        saving = self.guard.available()
+        for req_id, scheduled in output.num_scheduled_tokens.items():
+            state = self._requests.get(req_id)
+            if state is None or state.hit_blocks is None:
+                continue
+            request = state.request
+            full = self._save_limit(request, request.num_computed_tokens + scheduled)
+            start = state.stored_upto
+            if full <= start:
+                continue
+            state.stored_upto = full
+            if not saving:
+                self.stats.add(save_dropped=full - start)
+                continue
+            block_ids = self._block_ids(output, req_id)
+            if block_ids is None or len(block_ids) < full:
+                logger.error("request %s: no block ids for blocks %d..%d", req_id, start, full)
+                continue
+            keys = block_keys(request.block_hashes[start:full])
+            saves.append(SaveJob(req_id, block_ids[start:full], keys, start))
+            state.save_jobs += 1
+        return saves
+
+    def build_connector_meta(self, output: SchedulerOutput) -> Hf3fsctlConnectorMetadata:
+        """Drain this step's loads and plan its saves."""
+        for req_id in output.preempted_req_ids or ():
+            state = self._requests.get(req_id)
+            if state is not None:  # its blocks are gone: ask the store again on resume
+                state.lookup, state.hit_blocks = None, None
+        meta = Hf3fsctlConnectorMetadata(loads=self._pending_loads, saves=self._plan_saves(output))
+        self._pending_loads = []
+        for req_id in output.finished_req_ids:
+            self._requests.pop(req_id, None)
+        return meta
+
+    def request_finished(self, request: Request) -> tuple[bool, dict[str, Any] | None]:
+        """Hold the blocks while this request's saves may still be running."""
+        state = self._requests.pop(request.request_id, None)
+        return (state is not None and state.save_jobs > 0), None
+
+    def shutdown(self) -> None:
+        """Stop the lookup threads (pending lookups are abandoned)."""
+        self._pool.shutdown(wait=False, cancel_futures=True)

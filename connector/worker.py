@@ -1,0 +1,403 @@
+"""Worker side of the connector: page files, staging, and the load/save jobs.
+
+Contract:
+    * `register_kv_caches` derives the page geometry from `kv_cache_tensors`, checks it
+      against the tensors (`connector.geometry`), opens the I/O engine and this rank's page
+      file, writes the namespace manifest beside it and registers namespace and rank with
+      the metadata service (retried later if the service is down at start-up).
+    * Saves: `wait_for_save` gathers each save job's blocks into staging *synchronously*
+      (on CUDA: on a side stream after an event, with the compute stream waiting for it),
+      so the bytes are copied while the request still owns its blocks. Allocation, the
+      writes, commit (with checksums) and — on any failure — release of what was
+      allocated run on background threads (`connector.jobs`).
+    * Loads: `start_load_kv` hands each load job to a background thread: locate (lease)
+      → read into staging with checksum verification → scatter into the KV cache →
+      reported by `get_finished`. Every block that did not arrive intact is returned by
+      `get_block_ids_with_load_errors` in the same step its request is reported.
+    * Nothing here raises into the engine step: errors are logged and become failed
+      blocks or dropped saves, counted in the stats.
+    * A request with save jobs is reported in `finished_sending` once vLLM has told us it
+      finished and all its save jobs have ended.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import weakref
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from hf3fsctl.config import Config
+from hf3fsctl.errors import ConfigError, Hf3fsctlError, NamespaceConflict
+from hf3fsctl.keys import NamespaceManifest
+from hf3fsctl.meta.models import RankFile
+from hf3fsctl.staging import KVSegment, StagingPool, gather_blocks, total_page_bytes
+from hf3fsctl.storage.engine import IOEngine, open_engine
+from hf3fsctl.storage.layout import PageFile, write_manifest
+
+from .geometry import kv_segments
+from .jobs import LoadRun, run_load, run_save
+from .metadata import Hf3fsctlConnectorMetadata
+from .namespace import kv_group
+from .service import MetadataGuard
+from .stats import StatsRecorder
+
+if TYPE_CHECKING:
+    from vllm.v1.kv_cache_interface import KVCacheConfig
+
+logger = logging.getLogger(__name__)
+
+SAVE_THREADS = 2
+LOAD_THREADS = 2
+# A load that has not finished after this long is reported failed (its blocks recompute).
+LOAD_TIMEOUT_S = 60.0
+# How long shutdown waits for in-flight saves.
+SHUTDOWN_DRAIN_S = 30.0
+
+_LIVE_WORKERS: weakref.WeakSet[WorkerSide] = weakref.WeakSet()
+
+
+def wait_for_saves(timeout_s: float = 30.0) -> bool:
+    """Wait until every worker side in this process has no save in flight.
+
+    Returns:
+        True when all saves ended within the timeout.
+    """
+    deadline = time.monotonic() + timeout_s
+    return all(w.drain(max(0.0, deadline - time.monotonic())) for w in list(_LIVE_WORKERS))
+
+
+def _tp_rank() -> int:
+    try:
+        from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
+
+        return int(get_tensor_model_parallel_rank())
+    except Exception:  # not initialised (unit tests drive the worker directly)
+        return 0
+
+
+class WorkerSide:
+    """Executes the transfers of one rank and reports their results."""
+
+    def __init__(
+        self,
+        config: Config,
+        manifest: NamespaceManifest,
+        kv_cache_config: KVCacheConfig,
+        stats: StatsRecorder,
+        *,
+        rank: int | None = None,
+        guard: MetadataGuard | None = None,
+    ) -> None:
+        self.config = config
+        self.manifest = manifest
+        self.namespace = manifest.namespace_id
+        self.kv_cache_config = kv_cache_config
+        self.stats = stats
+        self.rank = _tp_rank() if rank is None else rank
+        self.guard = guard or MetadataGuard(config)
+        self.pool = StagingPool(config.connector.staging_bytes)
+        self.segments: list[KVSegment] = []
+        self.page_file: PageFile | None = None
+        self.engine: IOEngine | None = None
+        self.disabled: str | None = "KV caches not registered yet"
+        self._registered = False
+        self._register_lock = threading.Lock()
+        self._cuda = False
+        self._save_stream: Any = None
+        self._load_stream: Any = None
+        self._save_pool = ThreadPoolExecutor(SAVE_THREADS, thread_name_prefix="hf3fsctl-save")
+        self._load_pool = ThreadPoolExecutor(LOAD_THREADS, thread_name_prefix="hf3fsctl-load")
+        self._lock = threading.Condition()
+        self._save_reqs: set[str] = set()  # requests that had save jobs, until reported
+        self._outstanding: dict[str, int] = {}  # save jobs in flight per request
+        self._finished: set[str] = set()  # finished per vLLM, waiting for their saves
+        self._loads: dict[str, LoadRun] = {}  # load jobs in flight
+        self._done_loads: dict[str, set[int]] = {}  # ended loads → failed block ids
+        self._load_errors: set[int] = set()  # failed block ids not yet reported
+        _LIVE_WORKERS.add(self)
+
+    # --- start-up ------------------------------------------------------------------
+
+    def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
+        """Check the KV geometry, open the page file and register this rank.
+
+        Raises:
+            ConfigError: the KV cache layout cannot be stored (unknown, non-uniform).
+            StorageError: the page file cannot be created.
+        """
+        layers = list(kv_group(self.kv_cache_config).layer_names)
+        self.segments = kv_segments(kv_caches, self.kv_cache_config, layers)
+        page_bytes = total_page_bytes(self.segments)
+        if page_bytes != self.manifest.page_bytes:
+            raise ConfigError(
+                f"KV tensors hold {page_bytes} bytes per block, the namespace says "
+                f"{self.manifest.page_bytes}: unknown KV cache layout"
+            )
+        device = self.segments[0].buffer.device
+        self._cuda = device.type == "cuda"
+        if self._cuda:
+            self._save_stream = torch.cuda.Stream(device=device)  # type: ignore[no-untyped-call]
+            self._load_stream = torch.cuda.Stream(device=device)  # type: ignore[no-untyped-call]
+        storage = self.config.storage
+        self.engine = open_engine(
+            storage.engine,
+            io_threads=storage.io_threads,
+            o_direct=storage.o_direct,
+            root=storage.path,
+        )
+        self.page_file = PageFile.create(
+            storage.path,
+            self.namespace,
+            self.rank,
+            page_bytes,
+            storage.file_size,
+            preallocate=storage.preallocate,
+        )
+        write_manifest(storage.path, self.manifest)
+        self.disabled = None
+        self.ensure_registered()
+        from hf3fsctl.staging import _ops
+
+        logger.info(
+            "hf3fsctl connector rank %d: namespace %s (%s, %s, %s, block %d, %d B/page), "
+            "engine %s, page file %s (%d pages), staging %s path, %s MiB%s, metadata %s",
+            self.rank,
+            self.namespace,
+            self.manifest.model,
+            self.manifest.kv_dtype,
+            self.manifest.layout,
+            self.manifest.block_size,
+            page_bytes,
+            self.engine.name,
+            self.page_file.path,
+            self.page_file.num_pages,
+            _ops().name,
+            self.pool.capacity_bytes >> 20,
+            " pinned" if self.pool.pinned else "",
+            self.guard.url,
+        )
+
+    def ensure_registered(self) -> bool:
+        """Register namespace and rank file with the service (once); False if it is down."""
+        if self._registered:
+            return True
+        if self.page_file is None:
+            return False
+        with self._register_lock:
+            if self._registered:
+                return True
+            file = self.page_file
+            rank_file = RankFile(
+                rank=self.rank,
+                path=file.relpath,
+                page_bytes=file.page_bytes,
+                slot_bytes=file.slot_bytes,
+                num_pages=file.num_pages,
+            )
+            try:
+                self.guard.call(
+                    lambda c: c.register_namespace(self.namespace, self.manifest.to_dict())
+                )
+                self.guard.call(lambda c: c.register_rank(self.namespace, rank_file))
+            except NamespaceConflict as exc:
+                self.disabled = f"namespace conflict: {exc}"
+                logger.error("hf3fsctl connector disabled on rank %d: %s", self.rank, exc)
+                return False
+            except Hf3fsctlError as exc:
+                logger.warning("registering rank %d deferred: %s", self.rank, exc)
+                return False
+            self._registered = True
+            return True
+
+    # --- saves ---------------------------------------------------------------------
+
+    def _save_ended(self, req_id: str) -> None:
+        with self._lock:
+            self._outstanding[req_id] -= 1
+            if not self._outstanding[req_id]:
+                del self._outstanding[req_id]
+            self._lock.notify_all()
+
+    def wait_for_save(self, meta: Hf3fsctlConnectorMetadata) -> None:
+        """Gather this step's save blocks into staging now; write them in the background."""
+        for job in meta.saves:
+            with self._lock:
+                self._save_reqs.add(job.req_id)
+                self._outstanding[job.req_id] = self._outstanding.get(job.req_id, 0) + 1
+            lease = None
+            try:
+                if self.disabled is not None:
+                    self.stats.add(save_dropped=len(job.keys))
+                    self._save_ended(job.req_id)
+                    continue
+                lease = self.pool.acquire(len(job.block_ids), self.manifest.page_bytes)
+                if lease is None:
+                    self.stats.add(save_dropped=len(job.keys))
+                    self.stats.fail("pool_exhausted", len(job.keys))
+                    self._save_ended(job.req_id)
+                    continue
+                started = time.monotonic()
+                ready = self._gather(job.block_ids, lease.tensor)
+                self._save_pool.submit(self._save_job, job, lease, ready, started)
+            except Exception:
+                logger.exception("save of request %s failed before its I/O", job.req_id)
+                self.stats.fail("error", len(job.keys))
+                if lease is not None:
+                    lease.release()
+                self._save_ended(job.req_id)
+
+    def _gather(self, block_ids: list[int], out: torch.Tensor) -> Any:
+        """Copy blocks into `out`; returns a CUDA event to wait on (None on CPU)."""
+        if not self._cuda:
+            gather_blocks(self.segments, block_ids, out)
+            return None
+        compute = torch.cuda.current_stream()
+        self._save_stream.wait_stream(compute)
+        with torch.cuda.stream(self._save_stream):
+            gather_blocks(self.segments, block_ids, out)
+            done = torch.cuda.Event()  # type: ignore[no-untyped-call]
+            done.record(self._save_stream)
+        compute.wait_event(done)  # the next step may not overwrite blocks before the copy
+        return done
+
+    def _save_job(self, job: Any, lease: Any, ready: Any, started: float) -> None:
+        try:
+            if ready is not None:
+                ready.synchronize()
+            assert self.page_file is not None and self.engine is not None
+            run_save(self, job, lease)
+        except Exception:
+            logger.exception("save of request %s failed", job.req_id)
+            self.stats.fail("error", len(job.keys))
+        finally:
+            lease.release()
+            elapsed = time.monotonic() - started
+            self.stats.add(save_jobs=1, save_seconds=elapsed)
+            self.stats.observe("save_s", elapsed)
+            self._save_ended(job.req_id)
+
+    # --- loads ---------------------------------------------------------------------
+
+    def start_load_kv(self, meta: Hf3fsctlConnectorMetadata) -> None:
+        """Start this step's loads on background threads."""
+        for job in meta.loads:
+            run = LoadRun(job=job, started=time.monotonic())
+            with self._lock:
+                self._loads[job.req_id] = run
+            try:
+                self._load_pool.submit(self._load_job, run)
+            except Exception:
+                logger.exception("cannot start load of request %s", job.req_id)
+                self._load_ended(run, set(job.block_ids), "error")
+
+    def _load_job(self, run: LoadRun) -> None:
+        failed: set[int] = set(run.job.block_ids)
+        kind = "error"
+        try:
+            if self.disabled is not None:
+                kind = "metadata_down"
+            else:
+                failed, kind = run_load(self, run, LOAD_TIMEOUT_S / 2)
+        except Exception:
+            logger.exception("load of request %s failed", run.job.req_id)
+        self._load_ended(run, failed, kind)
+
+    def scatter_ready(self, block_ids: list[int], src: torch.Tensor) -> None:
+        """Scatter staged pages into the KV cache and wait until they are in place."""
+        from hf3fsctl.staging import scatter_blocks
+
+        if not self._cuda:
+            scatter_blocks(self.segments, block_ids, src)
+            return
+        with torch.cuda.stream(self._load_stream):
+            scatter_blocks(self.segments, block_ids, src)
+        self._load_stream.synchronize()
+
+    def _load_ended(self, run: LoadRun, failed: set[int], kind: str) -> None:
+        with run.lock:
+            if run.reported:
+                return
+            run.reported = True
+        loaded = len(run.job.block_ids) - len(failed)
+        elapsed = time.monotonic() - run.started
+        if failed:
+            self.stats.fail(kind, len(failed))
+            logger.warning(
+                "load of request %s: %d of %d blocks failed (%s); they will be recomputed",
+                run.job.req_id,
+                len(failed),
+                len(run.job.block_ids),
+                kind,
+            )
+        self.stats.add(
+            load_jobs=1,
+            blocks_loaded=loaded,
+            bytes_loaded=loaded * self.manifest.page_bytes,
+            load_seconds=elapsed,
+        )
+        self.stats.observe("load_s", elapsed)
+        with self._lock:
+            self._loads.pop(run.job.req_id, None)
+            self._done_loads[run.job.req_id] = failed
+
+    def _expire_loads(self) -> None:
+        now = time.monotonic()
+        with self._lock:
+            overdue = [r for r in self._loads.values() if now - r.started > LOAD_TIMEOUT_S]
+        for run in overdue:
+            with run.lock:
+                if run.scattered:
+                    continue
+                run.cancelled = True
+            self._load_ended(run, set(run.job.block_ids), "timeout")
+
+    # --- reporting -----------------------------------------------------------------
+
+    def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
+        """Requests whose saves ended (after vLLM finished them) and whose loads ended."""
+        self._expire_loads()
+        with self._lock:
+            self._finished.update(r for r in finished_req_ids if r in self._save_reqs)
+            sending = {r for r in self._finished if r not in self._outstanding}
+            self._finished -= sending
+            self._save_reqs -= sending
+            recving = set(self._done_loads)
+            for failed in self._done_loads.values():
+                self._load_errors.update(failed)
+            self._done_loads.clear()
+        return sending or None, recving or None
+
+    def get_block_ids_with_load_errors(self) -> set[int]:
+        """Block ids of loads that failed, reported once."""
+        with self._lock:
+            errors, self._load_errors = self._load_errors, set()
+        return errors
+
+    def drain(self, timeout_s: float) -> bool:
+        """Wait until no save is in flight; True if that happened within the timeout."""
+        deadline = time.monotonic() + timeout_s
+        with self._lock:
+            while self._outstanding:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return False
+                self._lock.wait(remaining)
+        return True
+
+    def shutdown(self) -> None:
+        """Finish in-flight saves (bounded), then release threads, files and clients."""
+        if not self.drain(SHUTDOWN_DRAIN_S):
+            logger.warning("shutdown: saves still in flight after %.0f s", SHUTDOWN_DRAIN_S)
+        self._save_pool.shutdown(wait=False, cancel_futures=True)
+        self._load_pool.shutdown(wait=False, cancel_futures=True)
+        if self.engine is not None:
+            self.engine.close()
+        if self.page_file is not None:
+            self.page_file.close()
+        self.guard.close()
+        _LIVE_WORKERS.discard(self)
