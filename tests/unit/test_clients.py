@@ -1,0 +1,74 @@
+"""Client selection by URL, the embedded client, and HTTP client failure modes (no server)."""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from pathlib import Path
+
+import pytest
+from helpers.meta_builders import keys, register, store_keys
+from helpers.servers import free_port
+
+from hf3fsctl.config import load_config
+from hf3fsctl.errors import ConfigError, MetadataUnavailable
+from hf3fsctl.meta.client import MetadataClient, connect, open_metadata_client
+from hf3fsctl.meta.embedded import EmbeddedMetadataClient
+from hf3fsctl.meta.http import HttpMetadataClient
+from hf3fsctl.meta.models import EvictRequest
+
+
+@pytest.mark.parametrize(
+    ("url", "cls"),
+    [("sqlite:///{tmp}/m.db", EmbeddedMetadataClient), ("http://127.0.0.1:1", HttpMetadataClient)],
+    ids=["sqlite", "http"],
+)
+def test_url_scheme_selects_client(tmp_path: Path, url: str, cls: type) -> None:
+    client = open_metadata_client(url.format(tmp=tmp_path))
+    assert isinstance(client, cls) and isinstance(client, MetadataClient)
+    client.close()
+
+
+def test_unknown_scheme_is_config_error() -> None:
+    with pytest.raises(ConfigError):
+        open_metadata_client("redis://x")
+
+
+def test_connect_honours_configured_url(tmp_path: Path) -> None:
+    config = load_config(overrides={"metadata.url": f"sqlite:///{tmp_path}/x.db"}, environ={})
+    client = connect(config)
+    assert client.url.endswith("/x.db")
+    client.close()
+
+
+def test_embedded_client_round_trip(tmp_path: Path) -> None:
+    client = EmbeddedMetadataClient(f"sqlite:///{tmp_path}/m.db")
+    ns = register(client)
+    store_keys(client, ns, keys(3))
+    assert client.lookup(ns, keys(3)) == 3
+    assert client.evict(EvictRequest(all=True)).keys == 3
+
+
+def test_embedded_four_slash_url_is_absolute(tmp_path: Path) -> None:
+    client = EmbeddedMetadataClient(f"sqlite:///{tmp_path}/a/m.db".replace(":///", ":////"))
+    assert Path(client.store.path).resolve() == (tmp_path / "a" / "m.db").resolve()
+
+
+def test_embedded_busy_database_is_unavailable_after_timeout(tmp_path: Path) -> None:
+    client = EmbeddedMetadataClient(f"sqlite:///{tmp_path}/m.db", timeout_s=0.2)
+    ns = register(client)
+    blocker = sqlite3.connect(tmp_path / "m.db", isolation_level=None)
+    blocker.execute("BEGIN IMMEDIATE")
+    started = time.monotonic()
+    with pytest.raises(MetadataUnavailable):
+        client.allocate(ns, 0, keys(1))
+    assert time.monotonic() - started < 2
+    blocker.execute("ROLLBACK")
+
+
+def test_http_client_dead_server_is_unavailable_within_timeout() -> None:
+    client = HttpMetadataClient(f"http://127.0.0.1:{free_port()}", timeout_s=0.5)
+    started = time.monotonic()
+    with pytest.raises(MetadataUnavailable):
+        client.lookup("0123456789abcdef", keys(1))
+    assert time.monotonic() - started < 1.0
