@@ -150,6 +150,13 @@ def init(
             help="sqlite:///PATH or http://HOST:PORT [default: <storage-path>/metadata.db].",
         ),
     ] = None,
+    token_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--token-file",
+            help="Bearer token file for an http:// metadata URL (metadata.token_file).",
+        ),
+    ] = None,
     file_size: Annotated[
         str | None,
         typer.Option("--file-size", metavar="SIZE", help="Bytes of one page file (64GiB, 512MiB)."),
@@ -193,7 +200,12 @@ def init(
     cfg = context.load(
         ctx,
         config,
-        {"storage.path": str(root), "metadata.url": metadata_url, "storage.file_size": file_size},
+        {
+            "storage.path": str(root),
+            "metadata.url": metadata_url,
+            "metadata.token_file": str(token_file.expanduser().resolve()) if token_file else None,
+            "storage.file_size": file_size,
+        },
     )
     try:
         root.mkdir(parents=True, exist_ok=True)

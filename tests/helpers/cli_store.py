@@ -57,9 +57,16 @@ class Store:
         return load_config(self.config_file, environ={})
 
 
-def make_store(tmp: Path, *, metadata_url: str | None = None, model: str = "tiny-llama") -> Store:
+def make_store(
+    tmp: Path,
+    *,
+    metadata_url: str | None = None,
+    token_file: Path | None = None,
+    model: str = "tiny-llama",
+) -> Store:
     """Run `hf3fsctl init` with a namespace manifest and two preallocated ranks."""
     ns = manifest(model)
+    tmp.mkdir(parents=True, exist_ok=True)
     manifest_file = tmp / f"manifest-{model}.json"
     manifest_file.write_text(json.dumps(ns.to_dict()))
     config_file = tmp / "hf3fs.yaml"
@@ -78,6 +85,8 @@ def make_store(tmp: Path, *, metadata_url: str | None = None, model: str = "tiny
     ]
     if metadata_url:
         args += ["--metadata-url", metadata_url]
+    if token_file:
+        args += ["--token-file", str(token_file)]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.stderr
     return Store(tmp / "store", config_file, ns.namespace_id)
@@ -119,7 +128,7 @@ def corrupt_page(store: Store, rank: int, key: str) -> int:
     try:
         entry = next(
             e
-            for e in client.list_entries(store.namespace, limit=10_000)
+            for e in client.list_entries(store.namespace, limit=1000)
             if e.key == key and e.rank == rank
         )
         rank_file = next(
