@@ -1,0 +1,70 @@
+"""`HttpMetadataClient` against a real `hf3fsctl serve` process: the contract and errors."""
+
+from __future__ import annotations
+
+import pytest
+from helpers.meta_builders import commit_items, keys, manifest, rank_file, register, store_keys
+from helpers.servers import TOKEN, ServerProcess
+
+from hf3fsctl.errors import AuthError, InvalidRequest, NamespaceConflict, NotFound
+from hf3fsctl.keys import namespace_id
+from hf3fsctl.meta.http import HttpMetadataClient
+from hf3fsctl.meta.models import EvictRequest
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def client(metadata_server: ServerProcess) -> HttpMetadataClient:
+    return HttpMetadataClient(metadata_server.url, token=TOKEN, timeout_s=5)
+
+
+def test_data_path_round_trip(client: HttpMetadataClient) -> None:
+    ns = register(client, num_pages=20)
+    store_keys(client, ns, keys(4))
+    located = client.locate(ns, 0, keys(5))
+    assert client.lookup(ns, keys(5)) == 4
+    assert [loc is not None for loc in located] == [True] * 4 + [False]
+    pending = client.allocate(ns, 0, keys(2, start=10)).allocated
+    assert client.release(ns, 0, pending) == 2
+    assert client.allocate(ns, 0, keys(4)).existing == keys(4)
+
+
+def test_admin_calls(client: HttpMetadataClient) -> None:
+    ns = register(client, num_pages=20)
+    store_keys(client, ns, keys(3))
+    assert client.stats().namespaces[0].keys == 3
+    assert len(client.list_entries(ns, limit=2)) == 2
+    assert client.get_namespace(ns).id == ns
+    assert [n.id for n in client.namespaces()] == [ns]
+    assert client.evict(EvictRequest(all=True)).keys == 3
+    assert client.health()["status"] == "ok"
+
+
+def test_wrong_token_is_auth_error(metadata_server: ServerProcess) -> None:
+    client = HttpMetadataClient(metadata_server.url, token="wrong", timeout_s=5)
+    with pytest.raises(AuthError):
+        client.namespaces()
+
+
+def test_conflict_and_not_found_are_typed(client: HttpMetadataClient) -> None:
+    ns = register(client, num_pages=20)
+    with pytest.raises(NamespaceConflict):
+        client.register_rank(ns, rank_file(ns, 0, 21))
+    with pytest.raises(NotFound):
+        client.get_namespace("0123456789abcdef")
+
+
+def test_malformed_key_is_invalid_request_with_reason(client: HttpMetadataClient) -> None:
+    data = manifest()
+    client.register_namespace(namespace_id(data), data)
+    with pytest.raises(InvalidRequest, match="pattern"):
+        client.lookup(namespace_id(data), ["nothex"])
+
+
+def test_commit_of_unknown_pair_counts_zero(client: HttpMetadataClient) -> None:
+    ns = register(client, num_pages=20)
+    allocated = client.allocate(ns, 0, keys(1)).allocated
+    items = commit_items(allocated)
+    assert client.commit(ns, 0, items) == 1
+    assert client.commit(ns, 0, items) == 0
