@@ -22,8 +22,12 @@ store stayed busy). Bad input never produces a 500.
 
 This module imports FastAPI at the top: import it only where the service runs.
 
-Concurrency: routes are plain `def`s, so Starlette runs each store call in its
-thread pool; the store serialises writers on one lock and reads in parallel (WAL).
+Concurrency: the data-path routes (lookup, locate, allocate, commit, release) are
+`async` and call the store on the event loop: each call is a short SQLite transaction
+(sub-millisecond), the server is normally the database's only writer, and a thread-pool
+hop per request cost more than the call itself (measured: see bench_metadata). Admin
+routes (stats, evict, entries, namespaces) are plain `def`s and run in the thread pool,
+as they may scan the whole database.
 """
 
 from __future__ import annotations
@@ -154,7 +158,7 @@ def create_app(
     metrics = ServerMetrics(store)
     expected = f"Bearer {token}".encode() if token else None
 
-    def require_token(request: Request) -> None:
+    async def require_token(request: Request) -> None:
         if expected is None:
             return
         given = request.headers.get("authorization", "").encode()
@@ -227,12 +231,12 @@ def create_app(
         return reply(store.register_rank(body.namespace, body.rank_file))
 
     @app.post("/v1/lookup", dependencies=auth)
-    def lookup(body: LookupRequest) -> Response:
+    async def lookup(body: LookupRequest) -> Response:
         check_batch(len(body.keys))
         return reply(LookupResponse(hits=store.lookup(body.namespace, body.keys)))
 
     @app.post("/v1/locate", dependencies=auth)
-    def locate(body: LocateRequest) -> Response:
+    async def locate(body: LocateRequest) -> Response:
         check_batch(len(body.keys))
         rows = store.locate_rows(body.namespace, body.rank, body.keys)
         locations = [
@@ -244,17 +248,17 @@ def create_app(
         return reply_dict({"locations": locations})
 
     @app.post("/v1/allocate", dependencies=auth)
-    def allocate(body: AllocateRequest) -> Response:
+    async def allocate(body: AllocateRequest) -> Response:
         check_batch(len(body.keys))
         return reply(store.allocate(body.namespace, body.rank, body.keys, body.first_depth))
 
     @app.post("/v1/commit", dependencies=auth)
-    def commit(body: CommitRequest) -> Response:
+    async def commit(body: CommitRequest) -> Response:
         check_batch(len(body.items))
         return reply(CountResponse(count=store.commit(body.namespace, body.rank, body.items)))
 
     @app.post("/v1/release", dependencies=auth)
-    def release(body: ReleaseRequest) -> Response:
+    async def release(body: ReleaseRequest) -> Response:
         check_batch(len(body.allocations))
         count = store.release(body.namespace, body.rank, body.allocations)
         return reply(CountResponse(count=count))
