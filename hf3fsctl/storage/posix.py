@@ -5,8 +5,10 @@ Contract (beyond `hf3fsctl.storage.engine.IOEngine`):
     * Pages whose slots are adjacent in the file are moved by one vectored call; the
       gap between ``page_bytes`` and ``slot_bytes`` is bridged by a scratch (read) or zero
       (write) iovec, which touches only the unused tail of a slot, never a neighbour page.
-    * A batch is split into at most ``io_threads`` tasks run on a thread pool (the calls
-      release the GIL); a single-task batch runs in the calling thread.
+    * A batch is split into tasks of at most ``max_task_bytes`` (and about ``io_threads``
+      of them) run on a thread pool (the calls release the GIL, and so does xxhash); a
+      single-task batch runs in the calling thread. With a pool, write checksums are
+      computed by other threads while the bytes are written.
     * Short transfers are resumed; end of file leaves the uncovered pages "short". An
       error in a multi-page call is retried page by page so it is attributed exactly.
     * With ``o_direct``, a task uses the file's O_DIRECT descriptor only when every buffer
@@ -16,11 +18,13 @@ Contract (beyond `hf3fsctl.storage.engine.IOEngine`):
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import itertools
 import logging
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -220,16 +224,25 @@ class PosixEngine:
         tasks = self._plan(file, ops)
         if not tasks:
             return
-        if self._pool is None or len(tasks) == 1:
-            outcomes = [self._task(file, task, reading, checksums) for task in tasks]
+        # With threads to spare, a write's checksum is computed by another thread while
+        # the bytes are written (both only read the caller's buffer), hiding its cost.
+        split = not reading and checksums and self._pool is not None
+        digests: dict[int, str] = {}
+        jobs: list[Callable[[], list[tuple[_Op, PageResult]]]] = []
+        for task in tasks:
+            jobs.append(functools.partial(self._task, file, task, reading, checksums and not split))
+            if split:
+                jobs.append(functools.partial(_checksum_task, task, digests))
+        if self._pool is None or len(jobs) == 1:
+            outcomes = [job() for job in jobs]
         else:
-            futures = [
-                self._pool.submit(self._task, file, task, reading, checksums) for task in tasks[1:]
-            ]
-            outcomes = [self._task(file, tasks[0], reading, checksums)]
+            futures = [self._pool.submit(job) for job in jobs[1:]]
+            outcomes = [jobs[0]()]
             outcomes.extend(future.result() for future in futures)
         for outcome in outcomes:
             for op, result in outcome:
+                if split and result.ok:
+                    result = dataclasses.replace(result, checksum=digests[op.index])
                 results[op.index] = result
 
     # -- execution (runs on I/O threads) ------------------------------------------------
@@ -302,6 +315,13 @@ class PosixEngine:
                 digest = page_checksum(op.view) if checksums and not reading else None
                 out.append((op, PageResult(op.page, True, None, digest)))
         return out
+
+
+def _checksum_task(ops: list[_Op], digests: dict[int, str]) -> list[tuple[_Op, PageResult]]:
+    """Checksum the pages of a write task (on another thread than the write itself)."""
+    for op in ops:
+        digests[op.index] = page_checksum(op.view)
+    return []
 
 
 def _verified(op: _Op) -> PageResult:
