@@ -191,11 +191,11 @@ def read_manifest(root: str | os.PathLike[str], namespace_id: str) -> NamespaceM
 
 def _preallocate(
     fd: int, start: int, total: int, preallocate: bool, progress: ProgressCallback | None
-) -> None:
-    """Grow `fd` to `total` bytes from `start`, in chunks, reporting progress."""
+) -> bool:
+    """Grow `fd` to `total` bytes from `start`, in chunks; True when progress reached total."""
     if not preallocate:
         os.ftruncate(fd, total)
-        return
+        return False
     done = start
     while done < total:
         length = min(PREALLOCATE_CHUNK, total - done)
@@ -210,10 +210,11 @@ def _preallocate(
                 os.strerror(exc.errno or 0),
             )
             os.ftruncate(fd, total)
-            break
+            return False
         done += length
         if progress is not None:
             progress(done, total)
+    return done > start
 
 
 class PageFile:
@@ -292,6 +293,7 @@ class PageFile:
         relpath = rank_file_name(namespace_id, rank)
         path = resolve_under(root, relpath)
         partial = path.with_name(path.name + _PARTIAL_SUFFIX)
+        reported = False
         if not path.exists():
             try:
                 path.parent.mkdir(parents=True, exist_ok=True)
@@ -307,7 +309,7 @@ class PageFile:
                         file_size,
                         f"resuming at {start}" if start else "new",
                     )
-                    _preallocate(fd, start, file_size, preallocate, progress)
+                    reported = _preallocate(fd, start, file_size, preallocate, progress)
                     os.fsync(fd)
                 finally:
                     os.close(fd)
@@ -326,7 +328,7 @@ class PageFile:
                 hint="use the storage.file_size it was created with, or evict the namespace "
                 "and remove its directory",
             )
-        if progress is not None:
+        if progress is not None and not reported:
             progress(file_size, file_size)
         return cls.open(root, relpath, page_bytes, file_size // slot)
 

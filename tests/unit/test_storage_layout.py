@@ -233,3 +233,12 @@ def test_a_manifest_in_the_wrong_directory_is_a_storage_error(tmp_path: Path) ->
     (tmp_path / NS / "manifest.json").write_bytes(path.read_bytes())
     with pytest.raises(StorageError, match="wrong directory"):
         read_manifest(tmp_path, NS)
+
+
+def test_opening_an_existing_file_still_reports_progress_complete(tmp_path: Path) -> None:
+    PageFile.create(tmp_path, NS, 0, 4096, 1 << 20).close()
+    calls: list[tuple[int, int]] = []
+    PageFile.create(
+        tmp_path, NS, 0, 4096, 1 << 20, progress=lambda d, t: calls.append((d, t))
+    ).close()
+    assert calls == [(1 << 20, 1 << 20)]
