@@ -50,6 +50,19 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
+def _adopt_vllm_logging() -> None:
+    """Send our loggers' records through vLLM's handlers (vLLM configures only "vllm")."""
+    host = logging.getLogger("vllm")
+    for name in ("hf3fsctl_connector", "hf3fsctl"):
+        ours = logging.getLogger(name)
+        if ours.handlers or logging.getLogger().handlers or not host.handlers:
+            continue
+        for handler in host.handlers:
+            ours.addHandler(handler)
+        ours.setLevel(host.level or logging.INFO)
+        ours.propagate = False
+
+
 class Hf3fsctlConnector(KVConnectorBase_V1):
     """Persistent, shareable KV pages on 3FS (or any POSIX file system)."""
 
@@ -59,6 +72,7 @@ class Hf3fsctlConnector(KVConnectorBase_V1):
         self, vllm_config: VllmConfig, role: KVConnectorRole, kv_cache_config: KVCacheConfig
     ) -> None:
         super().__init__(vllm_config, role, kv_cache_config)
+        _adopt_vllm_logging()
         self.settings = load_settings(vllm_config)
         self.manifest = build_manifest(vllm_config, kv_cache_config)
         self.stats = StatsRecorder()
