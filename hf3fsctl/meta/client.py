@@ -2,8 +2,8 @@
 
 - `sqlite:///PATH` → `EmbeddedMetadataClient`: the SQLite store in this process (no
   server; processes of one node share the database file).
-- `http://HOST:PORT` → `HttpMetadataClient`: `hf3fsctl serve` over HTTP (httpx,
-  pooled connections, a timeout on every call, retries only for idempotent calls).
+- `http://HOST:PORT` → `HttpMetadataClient`: `hf3fsctl serve` over HTTP (stdlib
+  keep-alive connections, a timeout on every call, retries only for idempotent calls).
 
 Both raise the same typed errors (`hf3fsctl.errors`): `MetadataUnavailable` when the
 service cannot answer in time, `AuthError`, `InvalidRequest`, `NotFound`,

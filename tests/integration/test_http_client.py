@@ -68,3 +68,19 @@ def test_commit_of_unknown_pair_counts_zero(client: HttpMetadataClient) -> None:
     items = commit_items(allocated)
     assert client.commit(ns, 0, items) == 1
     assert client.commit(ns, 0, items) == 0
+
+
+def test_connection_closed_by_a_server_restart_does_not_fail_an_allocate(
+    metadata_server: ServerProcess, client: HttpMetadataClient
+) -> None:
+    ns = register(client, num_pages=20)
+    client.allocate(ns, 0, keys(1))
+    metadata_server.restart()
+    assert [a.key for a in client.allocate(ns, 0, keys(1, start=1)).allocated] == keys(1, start=1)
+
+
+def test_key_needing_json_escapes_reaches_the_server_intact(client: HttpMetadataClient) -> None:
+    data = manifest()
+    client.register_namespace(namespace_id(data), data)
+    with pytest.raises(InvalidRequest, match="pattern"):
+        client.lookup(namespace_id(data), ['ab"c\\d'])
