@@ -59,3 +59,6 @@ class RequestState:
     local_computed_tokens: int = 0  # locally cached tokens at the last match query
     stored_upto: int = 0  # blocks [0, stored_upto) are stored, loading or being saved
     save_jobs: int = 0  # save jobs issued; >0 means request_finished holds the blocks
+    load_first: int = 0  # block index of the first block of the load in flight
+    load_block_ids: list[int] = field(default_factory=list)  # blocks of the load in flight
+    load_failed_at: int | None = None  # index (in the load) of its first failed block

@@ -36,6 +36,7 @@ from .stats import StatsRecorder
 if TYPE_CHECKING:
     from vllm.v1.core.kv_cache_manager import KVCacheBlocks
     from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.outputs import KVConnectorOutput
     from vllm.v1.request import Request
 
 logger = logging.getLogger(__name__)
@@ -98,6 +99,7 @@ class SchedulerSide:
             state.lookup_started = time.monotonic()
             state.lookup = self._pool.submit(self._timed_lookup, keys)
             self.stats.add(lookup_blocks=len(keys))
+            return False  # answered on a later step, never on the engine thread
         future: Future[int] = state.lookup
         if not future.done():
             if time.monotonic() - state.lookup_started < self.config.metadata.timeout_s:
@@ -166,6 +168,7 @@ class SchedulerSide:
             )
             return
         self._pending_loads.append(LoadJob(request.request_id, block_ids, keys))
+        state.load_first, state.load_block_ids, state.load_failed_at = first, block_ids, None
         self.stats.add(hit_blocks=count, hit_tokens=count * self.block_size)
         state.stored_upto = max(state.stored_upto, first + count)
 
@@ -220,6 +223,24 @@ class SchedulerSide:
         for req_id in output.finished_req_ids:
             self._requests.pop(req_id, None)
         return meta
+
+    def update_connector_output(self, output: KVConnectorOutput) -> None:
+        """Learn which loads failed, so a request is never offered the same bad blocks."""
+        invalid = output.invalid_block_ids or set()
+        if invalid:
+            for state in self._requests.values():
+                for index, block in enumerate(state.load_block_ids):
+                    if block in invalid:
+                        failed_at = state.load_failed_at
+                        state.load_failed_at = index if failed_at is None else min(index, failed_at)
+                        break
+        for req_id in output.finished_recving or ():
+            done = self._requests.get(req_id)
+            if done is None or not done.load_block_ids:
+                continue
+            if done.load_failed_at is not None and done.hit_blocks is not None:
+                done.hit_blocks = min(done.hit_blocks, done.load_first + done.load_failed_at)
+            done.load_block_ids, done.load_failed_at = [], None
 
     def request_finished(self, request: Request) -> tuple[bool, dict[str, Any] | None]:
         """Hold the blocks while this request's saves may still be running."""
