@@ -14,7 +14,7 @@
   `AuthError`; other 4xx → the server's typed error (`ErrorResponse.error`) with its
   reason.
 - Hot path: the bodies of key lists are written by hand (a join, after a C-speed check
-  that no key needs JSON escaping; else the stdlib `json`), ~20× cheaper than
+  that no key needs JSON escaping; else the stdlib `json`), ~15× cheaper than
   `json.dumps` for a 1,000-key lookup; responses are parsed with pydantic's Rust JSON
   validator in one pass (`model_validate_json`).
 """
@@ -75,15 +75,19 @@ _ENTRIES = TypeAdapter(list[EntryInfo])
 
 
 def _json_strings(strings: Sequence[str]) -> str:
-    """A JSON array of `strings`: joined by hand when none needs escaping (block keys)."""
+    """A JSON array of `strings`: joined by hand when all are ASCII letters and digits.
+
+    That check (one C pass over the joined bytes) covers every block key and costs
+    ~30 µs for 1,000 keys; `json.dumps` (the fallback, for anything else) ~500 µs.
+    """
     if not strings:
         return "[]"
     try:
-        joined = '","'.join(strings)
+        plain = "".join(strings)
     except TypeError:
         return json.dumps(list(strings))
-    if joined.count('"') == 2 * (len(strings) - 1) and "\\" not in joined and joined.isprintable():
-        return f'["{joined}"]'
+    if plain.isascii() and plain.encode().isalnum():
+        return '["' + '","'.join(strings) + '"]'
     return json.dumps(list(strings))
 
 

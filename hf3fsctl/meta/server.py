@@ -22,11 +22,11 @@ store stayed busy). Bad input never produces a 500.
 
 This module imports FastAPI at the top: import it only where the service runs.
 
-Concurrency: the data-path routes (lookup, locate, allocate, commit, release) are
-`async` and call the store on the event loop: each call is a short SQLite transaction
-(sub-millisecond), the server is normally the database's only writer, and a thread-pool
-hop per request cost more than the call itself (measured: see bench_metadata). Admin
-routes (stats, evict, entries, namespaces) are plain `def`s and run in the thread pool,
+Data path: lookup, locate, allocate, commit and release are answered by the lean ASGI
+layer of `meta/data_routes.py` (same bodies, answers, auth and errors; no FastAPI
+routing or encoding), on the event loop: each is a short SQLite transaction, the server
+is normally the database's only writer, and a thread-pool hop cost more than the call.
+Admin routes (stats, evict, entries, namespaces) are FastAPI `def`s in the thread pool,
 as they may scan the whole database.
 """
 
@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Any
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
+from pydantic import ValidationError
 
 from hf3fsctl.errors import (
     AuthError,
@@ -52,18 +53,12 @@ from hf3fsctl.errors import (
     NamespaceConflict,
     NotFound,
 )
+from hf3fsctl.meta.data_routes import BatchTooLarge, DataRoutes
 from hf3fsctl.meta.models import (
-    AllocateRequest,
-    CommitRequest,
-    CountResponse,
     ErrorResponse,
     EvictRequest,
-    LocateRequest,
-    LookupRequest,
-    LookupResponse,
     RegisterNamespaceRequest,
     RegisterRankRequest,
-    ReleaseRequest,
 )
 
 if TYPE_CHECKING:
@@ -86,6 +81,9 @@ Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+
+_JSON_HEADERS = [(b"content-type", b"application/json")]
 
 
 def _error_body(error: str, detail: str) -> bytes:
@@ -167,7 +165,7 @@ def create_app(
 
     def check_batch(size: int) -> None:
         if size > max_batch:
-            raise _BatchTooLarge(f"batch of {size} exceeds the limit of {max_batch}")
+            raise BatchTooLarge(f"batch of {size} exceeds the limit of {max_batch}")
 
     def reply(model: BaseModel) -> Response:
         return Response(model.model_dump_json(), media_type="application/json")
@@ -184,26 +182,11 @@ def create_app(
 
     @app.exception_handler(Hf3fsctlError)
     async def typed_error(request: Request, exc: Hf3fsctlError) -> Response:
-        status = next((s for t, s in STATUS_OF_ERROR.items() if isinstance(exc, t)), 400)
-        if isinstance(exc, _BatchTooLarge):
-            status = 413
-        name = "InvalidRequest" if isinstance(exc, _BatchTooLarge) else type(exc).__name__
-        headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
-        return Response(
-            _error_body(name, exc.message), status, headers, media_type="application/json"
-        )
+        return _error_response(exc)
 
     @app.exception_handler(RequestValidationError)
     async def invalid_body(request: Request, exc: RequestValidationError) -> Response:
-        errors = exc.errors()
-        first = errors[0] if errors else {}
-        where = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
-        detail = f"{where or 'body'}: {first.get('msg', 'invalid request')}"
-        if first.get("type") == "json_invalid":
-            detail = f"body is not valid JSON ({first.get('ctx', {}).get('error', 'decode error')})"
-        if len(errors) > 1:
-            detail += f" (and {len(errors) - 1} more)"
-        return Response(_error_body("InvalidRequest", detail), 422, media_type="application/json")
+        return _error_response(exc)
 
     @app.get("/healthz")
     def healthz() -> Response:
@@ -230,39 +213,6 @@ def create_app(
     def register_rank(body: RegisterRankRequest) -> Response:
         return reply(store.register_rank(body.namespace, body.rank_file))
 
-    @app.post("/v1/lookup", dependencies=auth)
-    async def lookup(body: LookupRequest) -> Response:
-        check_batch(len(body.keys))
-        return reply(LookupResponse(hits=store.lookup(body.namespace, body.keys)))
-
-    @app.post("/v1/locate", dependencies=auth)
-    async def locate(body: LocateRequest) -> Response:
-        check_batch(len(body.keys))
-        rows = store.locate_rows(body.namespace, body.rank, body.keys)
-        locations = [
-            None
-            if row is None
-            else {"key": key, "page": row[0], "checksum": row[1], "size": row[2]}
-            for key, row in zip(body.keys, rows, strict=True)
-        ]
-        return reply_dict({"locations": locations})
-
-    @app.post("/v1/allocate", dependencies=auth)
-    async def allocate(body: AllocateRequest) -> Response:
-        check_batch(len(body.keys))
-        return reply(store.allocate(body.namespace, body.rank, body.keys, body.first_depth))
-
-    @app.post("/v1/commit", dependencies=auth)
-    async def commit(body: CommitRequest) -> Response:
-        check_batch(len(body.items))
-        return reply(CountResponse(count=store.commit(body.namespace, body.rank, body.items)))
-
-    @app.post("/v1/release", dependencies=auth)
-    async def release(body: ReleaseRequest) -> Response:
-        check_batch(len(body.allocations))
-        count = store.release(body.namespace, body.rank, body.allocations)
-        return reply(CountResponse(count=count))
-
     @app.post("/v1/evict", dependencies=auth)
     def evict(body: EvictRequest) -> Response:
         return reply(store.evict(body))
@@ -276,13 +226,41 @@ def create_app(
         check_batch(limit)
         return reply_list(store.list_entries(namespace, limit, offset))
 
+    app.add_middleware(
+        DataRoutes, store=store, token=token, max_batch=max_batch, error_reply=error_reply
+    )
     app.add_middleware(BodyLimit, max_body_bytes=max_body_bytes)
     app.add_middleware(metrics.middleware)
     return app
 
 
-class _BatchTooLarge(InvalidRequest):
-    """A request carries more keys or items than `max_batch`."""
+def error_reply(exc: Exception) -> tuple[int, bytes, list[tuple[bytes, bytes]]]:
+    """Status, `ErrorResponse` body and headers of a typed or validation error."""
+    if isinstance(exc, (RequestValidationError, ValidationError)):
+        errors = exc.errors()
+        first = errors[0] if errors else {}
+        where = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
+        detail = f"{where or 'body'}: {first.get('msg', 'invalid request')}"
+        if first.get("type") == "json_invalid":
+            detail = f"body is not valid JSON ({first.get('ctx', {}).get('error', 'decode error')})"
+        if len(errors) > 1:
+            detail += f" (and {len(errors) - 1} more)"
+        return 422, _error_body("InvalidRequest", detail), _JSON_HEADERS
+    if not isinstance(exc, Hf3fsctlError):
+        raise TypeError(f"no error reply for {type(exc).__name__}")
+    status = next((s for t, s in STATUS_OF_ERROR.items() if isinstance(exc, t)), 400)
+    name = type(exc).__name__
+    if isinstance(exc, BatchTooLarge):
+        status, name = 413, "InvalidRequest"
+    headers = list(_JSON_HEADERS)
+    if status == 401:
+        headers.append((b"www-authenticate", b"Bearer"))
+    return status, _error_body(name, exc.message), headers
+
+
+def _error_response(exc: Exception) -> Response:
+    status, body, headers = error_reply(exc)
+    return Response(body, status, {k.decode(): v.decode() for k, v in headers})
 
 
 def store_path(store_path_or_url: str) -> str:
