@@ -33,8 +33,6 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from hf3fsctl.errors import AuthError, Hf3fsctlError, InvalidRequest
 from hf3fsctl.meta.models import (
     AllocateRequest,
-    Allocation,
-    CommitItem,
     CommitRequest,
     LocateRequest,
     LookupRequest,
@@ -185,13 +183,16 @@ class DataRoutes:
         """`LookupRequest` → `LookupResponse`."""
         request = _parse(body, _Keys, LookupRequest, lambda r: r.keys)
         self.check_batch(len(request.keys))
-        return b'{"hits":%d}' % self.store.lookup(request.namespace, request.keys)
+        hits = self.store.lookup(request.namespace, request.keys, keys_checked=True)
+        return b'{"hits":%d}' % hits
 
     def locate(self, body: bytes) -> bytes:
         """`LocateRequest` → `LocateResponse`."""
         request = _parse(body, _RankKeys, LocateRequest, lambda r: r.keys)
         self.check_batch(len(request.keys))
-        rows = self.store.locate_rows(request.namespace, request.rank, request.keys)
+        rows = self.store.locate_rows(
+            request.namespace, request.rank, request.keys, keys_checked=True
+        )
         locations = [
             None
             if row is None
@@ -204,27 +205,31 @@ class DataRoutes:
         """`AllocateRequest` → `AllocateResult`."""
         request = _parse(body, _Allocate, AllocateRequest, lambda r: r.keys)
         self.check_batch(len(request.keys))
-        result = self.store.allocate(
-            request.namespace, request.rank, request.keys, request.first_depth
+        allocated, existing, no_space = self.store.allocate_rows(
+            request.namespace, request.rank, request.keys, request.first_depth, keys_checked=True
         )
-        return result.model_dump_json().encode()
+        # keys are checked hex strings: nothing to escape
+        pairs = ",".join(f'{{"key":"{key}","page":{page}}}' for key, page in allocated)
+        return (
+            f'{{"allocated":[{pairs}],"existing":{_strings(existing)},'
+            f'"no_space":{_strings(no_space)}}}'
+        ).encode()
 
     def commit(self, body: bytes) -> bytes:
         """`CommitRequest` → `CountResponse`."""
         request = _parse(body, _Commit, CommitRequest, lambda r: [i.key for i in r.items])
         self.check_batch(len(request.items))
-        items = [
-            CommitItem.model_construct(key=i.key, page=i.page, checksum=i.checksum, size=i.size)
-            for i in request.items
-        ]
-        return b'{"count":%d}' % self.store.commit(request.namespace, request.rank, items)
+        rows = [(i.key, i.page, i.checksum, i.size) for i in request.items]
+        count = self.store.commit_rows(request.namespace, request.rank, rows, keys_checked=True)
+        return b'{"count":%d}' % count
 
     def release(self, body: bytes) -> bytes:
         """`ReleaseRequest` → `CountResponse`."""
         request = _parse(body, _Release, ReleaseRequest, lambda r: [a.key for a in r.allocations])
         self.check_batch(len(request.allocations))
-        pairs = [Allocation.model_construct(key=a.key, page=a.page) for a in request.allocations]
-        return b'{"count":%d}' % self.store.release(request.namespace, request.rank, pairs)
+        pairs = [(a.key, a.page) for a in request.allocations]
+        count = self.store.release_rows(request.namespace, request.rank, pairs, keys_checked=True)
+        return b'{"count":%d}' % count
 
 
 def _parse(
@@ -245,6 +250,11 @@ def _parse(
         model.model_validate_json(body)  # raises the contract's error
         raise AssertionError(f"{lean.__name__} rejected a valid {model.__name__}") from None
     return request
+
+
+def _strings(keys: list[str]) -> str:
+    """A JSON array of checked block keys (hex: nothing to escape)."""
+    return '["' + '","'.join(keys) + '"]' if keys else "[]"
 
 
 async def _read_body(receive: Receive) -> bytes:

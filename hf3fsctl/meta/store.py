@@ -382,9 +382,14 @@ class MetadataStore:
 
     # --- data path ---------------------------------------------------------------------
 
-    def lookup(self, namespace: str, keys: Sequence[str]) -> int:
-        """Number of leading `keys` committed on every rank of the namespace."""
-        check_keys(keys)
+    def lookup(self, namespace: str, keys: Sequence[str], *, keys_checked: bool = False) -> int:
+        """Number of leading `keys` committed on every rank of the namespace.
+
+        `keys_checked=True` (on this and the other data-path calls) skips `check_keys`
+        for a caller that already ran it (the server validates whole bodies).
+        """
+        if not keys_checked:
+            check_keys(keys)
         with self._read() as conn:
             num_ranks = self._ranks_of(conn, namespace)
             hits = self._index.leading_hits(conn, namespace, keys, num_ranks)
@@ -415,10 +420,11 @@ class MetadataStore:
         )
 
     def locate_rows(
-        self, namespace: str, rank: int, keys: Sequence[str]
+        self, namespace: str, rank: int, keys: Sequence[str], *, keys_checked: bool = False
     ) -> list[tuple[int, str, int] | None]:
         """`locate` as plain `(page, checksum, size)` tuples (the server's fast path)."""
-        check_keys(keys)
+        if not keys_checked:
+            check_keys(keys)
         now = time.time()
         found: dict[str, tuple[int, str, int]] = {}
         with self._write() as conn:
@@ -449,14 +455,32 @@ class MetadataStore:
         self, namespace: str, rank: int, keys: Sequence[str], first_depth: int = 0
     ) -> AllocateResult:
         """Pages for keys not yet stored on `rank`; may evict LRU keys above the watermark."""
-        check_keys(keys)
+        allocated, existing, no_space = self.allocate_rows(namespace, rank, keys, first_depth)
+        return AllocateResult.model_construct(
+            allocated=[Allocation.model_construct(key=k, page=p) for k, p in allocated],
+            existing=existing,
+            no_space=no_space,
+        )
+
+    def allocate_rows(
+        self,
+        namespace: str,
+        rank: int,
+        keys: Sequence[str],
+        first_depth: int = 0,
+        *,
+        keys_checked: bool = False,
+    ) -> tuple[list[tuple[str, int]], list[str], list[str]]:
+        """`allocate` as plain `([(key, page)], existing, no_space)` (the server's path)."""
+        if not keys_checked:
+            check_keys(keys)
         if first_depth < 0:
             raise InvalidRequest(f"first_depth must be >= 0, got {first_depth}")
         now = time.time()
         depth_of: dict[str, int] = {}
         for index, key in enumerate(keys):
             depth_of.setdefault(key, first_depth + index)
-        allocated: list[Allocation] = []
+        allocated: list[tuple[str, int]] = []
         existing: list[str] = []
         with self._write() as conn:
             num_pages, _, used = self._rank_file(conn, namespace, rank)
@@ -478,7 +502,7 @@ class MetadataStore:
                     new_keys.append(key)
                 elif entry[0] == schema.PENDING and (entry[2] or 0) < now:
                     regrant.append((now + self.pending_timeout_s, depth_of[key], key))
-                    allocated.append(Allocation.model_construct(key=key, page=entry[1]))
+                    allocated.append((key, entry[1]))
                 else:
                     existing.append(key)
             if regrant:
@@ -508,13 +532,8 @@ class MetadataStore:
                     "UPDATE rank_files SET used = used + ? WHERE namespace = ? AND rank = ?",
                     (len(granted), namespace, rank),
                 )
-            allocated.extend(
-                Allocation.model_construct(key=key, page=page)
-                for key, (page, _) in zip(granted, pages, strict=False)
-            )
-        return AllocateResult.model_construct(
-            allocated=allocated, existing=existing, no_space=new_keys[len(pages) :]
-        )
+            allocated.extend((key, page) for key, (page, _) in zip(granted, pages, strict=False))
+        return allocated, existing, new_keys[len(pages) :]
 
     def _take_pages(
         self, conn: sqlite3.Connection, namespace: str, rank: int, need: int, now: float
@@ -544,7 +563,20 @@ class MetadataStore:
 
     def commit(self, namespace: str, rank: int, items: Sequence[CommitItem]) -> int:
         """Pending → committed for the exact (key, page) pairs; returns how many."""
-        check_keys([item.key for item in items])
+        rows = [(item.key, item.page, item.checksum, item.size) for item in items]
+        return self.commit_rows(namespace, rank, rows)
+
+    def commit_rows(
+        self,
+        namespace: str,
+        rank: int,
+        items: Sequence[tuple[str, int, str, int]],
+        *,
+        keys_checked: bool = False,
+    ) -> int:
+        """`commit` of plain `(key, page, checksum, size)` tuples (the server's path)."""
+        if not keys_checked:
+            check_keys([item[0] for item in items])
         if not items:
             return 0
         now = time.time()
@@ -555,8 +587,8 @@ class MetadataStore:
                 " last_access = ? WHERE namespace = ? AND rank = ? AND page = ? AND key = ?"
                 " AND state = 0",
                 [
-                    (item.checksum, item.size, now, namespace, rank, item.page, item.key)
-                    for item in items
+                    (checksum, size, now, namespace, rank, page, key)
+                    for key, page, checksum, size in items
                 ],
             )
             self._commits += 1
@@ -566,23 +598,35 @@ class MetadataStore:
 
     def release(self, namespace: str, rank: int, allocations: Sequence[Allocation]) -> int:
         """Give back pending allocations (exact (key, page) pairs); returns how many."""
-        check_keys([allocation.key for allocation in allocations])
+        pairs = [(allocation.key, allocation.page) for allocation in allocations]
+        return self.release_rows(namespace, rank, pairs)
+
+    def release_rows(
+        self,
+        namespace: str,
+        rank: int,
+        allocations: Sequence[tuple[str, int]],
+        *,
+        keys_checked: bool = False,
+    ) -> int:
+        """`release` of plain `(key, page)` pairs (the server's path)."""
+        if not keys_checked:
+            check_keys([key for key, _ in allocations])
         if not allocations:
             return 0
         now = time.time()
         released = 0
         with self._write() as conn:
             self._rank_file(conn, namespace, rank)
-            for allocation in allocations:
+            for key, page in allocations:
                 cursor = conn.execute(
                     "DELETE FROM entries WHERE namespace = ? AND rank = ? AND page = ?"
                     " AND key = ? AND state = 0",
-                    (namespace, rank, allocation.page, allocation.key),
+                    (namespace, rank, page, key),
                 )
                 if cursor.rowcount:
                     conn.execute(
-                        "INSERT INTO free_pages VALUES (?,?,?,?)",
-                        (namespace, rank, allocation.page, now),
+                        "INSERT INTO free_pages VALUES (?,?,?,?)", (namespace, rank, page, now)
                     )
                     released += 1
             if released:
