@@ -147,7 +147,11 @@ def test_blocks_are_held_until_the_saves_finish(
     blockers = [pool.submit(gate.wait, 10) for _ in range(2)]  # occupy both save threads
     request = make_request("held", prompt_tokens(2 * BLOCK_SIZE + 1), max_tokens=1)
     harness.scheduler.add_request(request)
-    for _ in range(20):
+    deadline = time.monotonic() + 10
+    while not request.is_finished() and time.monotonic() < deadline:
+        harness.step()
+        time.sleep(0.001)
+    for _ in range(3):
         harness.step()
     held_while_saving = "held" in harness.scheduler.requests
     gate.set()

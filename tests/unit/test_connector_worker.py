@@ -1,0 +1,118 @@
+"""The worker side on its own: ranks, geometry checks, bounded staging."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import hf3fsctl_connector
+import pytest
+import torch
+from helpers.connector_harness import (
+    BLOCK_SIZE,
+    Harness,
+    make_harness,
+    make_kv_caches,
+    make_request,
+    pattern,
+    prompt_tokens,
+)
+from hf3fsctl_connector.metadata import Hf3fsctlConnectorMetadata, SaveJob
+from hf3fsctl_connector.namespace import build_manifest, load_settings
+from hf3fsctl_connector.service import MetadataGuard
+from hf3fsctl_connector.stats import StatsRecorder
+from hf3fsctl_connector.worker import WorkerSide
+
+from hf3fsctl.errors import ConfigError
+
+
+@pytest.fixture
+def harness(tiny_model_dir: Path, tmp_path: Path) -> Iterator[Harness]:
+    made = make_harness(tiny_model_dir, tmp_path / "store")
+    yield made
+    made.close()
+
+
+def test_scheduler_and_worker_compute_the_same_namespace(harness: Harness) -> None:
+    assert harness.connector.manifest.namespace_id == harness.worker.manifest.namespace_id
+
+
+def test_block_hits_only_when_every_rank_committed(harness: Harness) -> None:
+    settings = load_settings(harness.vllm_config)
+    manifest = dataclasses.replace(
+        build_manifest(harness.vllm_config, harness.kv_cache_config), tp_size=2
+    )
+    ranks = [
+        WorkerSide(settings, manifest, harness.kv_cache_config, StatsRecorder(), rank=rank)
+        for rank in (0, 1)
+    ]
+    keys = [f"{i + 1:032x}" for i in range(3)]
+    meta = Hf3fsctlConnectorMetadata(saves=[SaveJob("r", [4, 5, 6], keys, 0)])
+    guard = MetadataGuard(settings)
+    hits = []
+    try:
+        for worker in ranks:
+            _, views = make_kv_caches(harness.kv_cache_config)
+            worker.register_kv_caches(views)
+        for worker in ranks:
+            worker.wait_for_save(meta)
+            assert worker.drain(10)
+            hits.append(guard.call(lambda c: c.lookup(manifest.namespace_id, keys)))
+    finally:
+        for worker in ranks:
+            worker.shutdown()
+        guard.close()
+    assert hits == [0, 3]
+
+
+def test_kv_tensor_not_matching_the_config_is_a_startup_error(
+    harness: Harness, tmp_path: Path
+) -> None:
+    settings = load_settings(harness.vllm_config)
+    worker = WorkerSide(settings, harness.worker.manifest, harness.kv_cache_config, StatsRecorder())
+    _, views = make_kv_caches(harness.kv_cache_config)
+    views = {name: view[::2] for name, view in views.items()}  # every other block
+    try:
+        with pytest.raises(ConfigError, match="blocks"):
+            worker.register_kv_caches(views)
+    finally:
+        worker.shutdown()
+
+
+def test_save_dropped_for_lack_of_staging_never_holds_the_request(harness: Harness) -> None:
+    pool = harness.worker.worker_side.pool
+    hog = pool.acquire(1, pool.capacity_bytes)  # nothing left for saves
+    assert hog is not None
+    before = hf3fsctl_connector.process_totals()["failed_pool_exhausted"]
+    try:
+        harness.run(make_request("r", prompt_tokens(2 * BLOCK_SIZE + 1), max_tokens=1))
+    finally:
+        hog.release()
+    dropped = hf3fsctl_connector.process_totals()["failed_pool_exhausted"] - before
+    assert (dropped, "r" in harness.scheduler.requests) == (2, False)
+
+
+def test_save_copies_blocks_before_the_step_returns(harness: Harness) -> None:
+    worker = harness.worker.worker_side
+    gate = threading.Event()
+    blockers = [worker._save_pool.submit(gate.wait, 10) for _ in range(2)]  # stall the I/O
+    request = make_request("r", prompt_tokens(BLOCK_SIZE + 1), max_tokens=1)
+    harness.scheduler.add_request(request)
+    deadline = time.monotonic() + 10
+    while not request.is_finished() and time.monotonic() < deadline:
+        harness.step()
+        time.sleep(0.001)
+    harness.raw.zero_()  # the KV cache changes while the write is still pending
+    gate.set()
+    for blocker in blockers:
+        blocker.result(5)
+    assert hf3fsctl_connector.wait_for_saves(10)
+    key = bytes(request.block_hashes[0])
+    location = worker.guard.call(lambda c: c.locate(worker.namespace, worker.rank, [key.hex()]))
+    data = torch.empty(worker.manifest.page_bytes, dtype=torch.uint8)
+    assert location[0] is not None
+    worker.engine.read_pages(worker.page_file, [location[0].page], [data.numpy()])
+    assert torch.equal(data, pattern(key, worker.manifest.page_bytes))
