@@ -1,0 +1,33 @@
+"""Registration through the vLLM plugin entry point, and the stats vLLM aggregates."""
+
+from __future__ import annotations
+
+from hf3fsctl_connector.plugin import CONNECTOR_NAME, register
+from hf3fsctl_connector.stats import Hf3fsctlConnectorStats
+from vllm.config import KVTransferConfig
+from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+
+
+def test_plugin_registration_is_idempotent() -> None:
+    register()
+    register()  # vLLM runs plugins in every process; a second call must not raise
+    config = KVTransferConfig(kv_connector=CONNECTOR_NAME, kv_role="kv_both")
+    assert KVConnectorFactory.get_connector_class(config).__name__ == CONNECTOR_NAME
+
+
+def test_stats_from_two_workers_add_up() -> None:
+    first = Hf3fsctlConnectorStats()
+    first.data.update(blocks_loaded=3, bytes_loaded=3000, load_seconds=1.0, load_s=[0.5])
+    second = Hf3fsctlConnectorStats()
+    second.data.update(blocks_loaded=2, bytes_loaded=2000, load_seconds=1.0, failed_io=1)
+    total = first.aggregate(second)
+    reduced = total.reduce()
+    assert (reduced["blocks_loaded"], reduced["failed_blocks"], total.data["load_s"]) == (
+        5,
+        1,
+        [0.5],
+    )
+
+
+def test_fresh_stats_are_empty() -> None:
+    assert Hf3fsctlConnectorStats().is_empty()
