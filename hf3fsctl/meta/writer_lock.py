@@ -1,0 +1,90 @@
+"""`WriterLock`: one SQLite writer at a time across threads and processes, without starving.
+
+SQLite serializes writers itself, but a writer that finds the database locked sleeps in
+its busy handler (1, 2, 5, … up to 100 ms steps) while others keep winning: with 16
+writer processes p99 reached seconds. A kernel `flock` on `<db>.lock` taken before
+`BEGIN IMMEDIATE` hands the database over within a fraction of a millisecond instead:
+threads of one process queue on a mutex; processes poll the non-blocking `flock` with
+short sleeps (0.1 ms growing to 1 ms) until the caller's timeout, then the caller raises
+`MetadataUnavailable`. The lock is advisory and only this package takes it; a writer
+that does not (the `sqlite3` shell) is still handled by SQLite's busy timeout.
+A process that dies holding it releases it (the kernel closes its descriptors).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+_FIRST_SLEEP_S = 0.0001
+_MAX_SLEEP_S = 0.001
+
+
+class WriterLock:
+    """The write lock of one database file, for this process.
+
+    Args:
+        path: the lock file (created if missing), e.g. `<db>.lock`.
+    """
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._mutex = threading.Lock()
+        self._fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        self._pid = os.getpid()
+
+    @contextmanager
+    def hold(self, timeout_s: float) -> Iterator[bool]:
+        """Hold the lock for the block; yields False when `timeout_s` passed without it."""
+        deadline = time.monotonic() + timeout_s
+        if not self._mutex.acquire(timeout=max(timeout_s, 0)):
+            yield False
+            return
+        try:
+            fd = self._descriptor()
+            got = self._acquire(fd, deadline)
+            try:
+                yield got
+            finally:
+                if got:
+                    fcntl.flock(fd, fcntl.LOCK_UN)
+        finally:
+            self._mutex.release()
+
+    def held_elsewhere(self) -> bool:
+        """Whether another thread of this process is inside `hold` (a cheap hint)."""
+        return self._mutex.locked()
+
+    def _descriptor(self) -> int:
+        # a forked child shares the parent's open file description, and so its flock:
+        # reopen so that parent and child exclude each other
+        if self._fd < 0 or os.getpid() != self._pid:
+            if self._fd >= 0:
+                os.close(self._fd)
+            self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            self._pid = os.getpid()
+        return self._fd
+
+    @staticmethod
+    def _acquire(fd: int, deadline: float) -> bool:
+        pause = _FIRST_SLEEP_S
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return True
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    return False
+                time.sleep(pause)
+                pause = min(pause * 2, _MAX_SLEEP_S)
+
+    def close(self) -> None:
+        """Close the lock file's descriptor."""
+        with self._mutex:
+            if self._fd >= 0:
+                os.close(self._fd)
+                self._fd = -1
