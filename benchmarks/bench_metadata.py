@@ -195,8 +195,9 @@ def run(
     concurrency: list[int],
     duration_s: float,
     locate_keys: int,
+    workers: int = 1,
 ) -> list[dict[str, Any]]:
-    """Every cell of one mode (embedded or http)."""
+    """Every cell of one mode (embedded or http; `workers` server processes)."""
     from helpers.servers import start_server
 
     db = workdir / mode / "metadata.db"
@@ -204,7 +205,12 @@ def run(
     server = None
     url, token = f"sqlite:///{db}", None
     if mode == "http":
-        server = start_server(workdir / mode / "server", token=TOKEN, db_path=db)
+        server = start_server(
+            workdir / mode / "server",
+            token=TOKEN,
+            db_path=db,
+            extra_config=f"server:\n  workers: {workers}\n",
+        )
         url, token = server.url, TOKEN
     try:
         namespaces = prepare(url, token, locate_keys)
@@ -212,13 +218,13 @@ def run(
         for op in ops:
             for clients in concurrency:
                 row = measure(url, token, namespaces, op, clients, locate_keys, duration_s)
-                row["mode"] = mode
+                row["mode"] = mode if mode == "embedded" else f"{mode} w{workers}"
                 bar = IN_TREE.get((op, clients), {})
                 row["in_tree"] = bar
                 row["ratio"] = row["ops"] / bar["ops"] if bar.get("ops") else None
                 rows.append(row)
                 print(
-                    f"  {mode:8} {op:12} x{clients:<3} {row['ops']:9.1f} ops/s  "
+                    f"  {row['mode']:8} {op:12} x{clients:<3} {row['ops']:9.1f} ops/s  "
                     f"p50 {row['p50_ms']:.2f} ms  p99 {row['p99_ms']:.2f} ms",
                     file=sys.stderr,
                 )
@@ -262,6 +268,7 @@ def main() -> None:
     parser.add_argument("--ops", default="lookup,locate,alloc_commit,alloc_full")
     parser.add_argument("--clients", default="1,16", help="concurrency levels")
     parser.add_argument("--duration", type=float, help="seconds per cell")
+    parser.add_argument("--workers", type=int, default=1, help="server processes (http)")
     args = parser.parse_args()
     duration = args.duration or (1.0 if args.quick else 3.0)
     locate_keys = 5000 if args.quick else 20000
@@ -270,7 +277,7 @@ def main() -> None:
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="bench-metadata-") as tmp:
         for mode in args.modes.split(","):
-            rows += run(mode, Path(tmp), ops, concurrency, duration, locate_keys)
+            rows += run(mode, Path(tmp), ops, concurrency, duration, locate_keys, args.workers)
     render(rows)
     doc = {
         "benchmark": "metadata",

@@ -171,6 +171,10 @@ class ServerConfig:
     max_batch: int = field(
         default=8192, metadata=_spec("most keys in one request", min=1, max=1_000_000)
     )
+    workers: int = field(
+        default=1,
+        metadata=_spec("server processes sharing the port (at most one per core)", min=1, max=64),
+    )
 
 
 @dataclass(frozen=True)

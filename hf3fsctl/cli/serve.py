@@ -74,6 +74,10 @@ def serve(
     log_level: Annotated[
         str, typer.Option("--log-level", help="uvicorn log level (info, warning, …).")
     ] = "info",
+    workers: Annotated[
+        int | None,
+        typer.Option("--workers", min=1, help="Server processes [default: server.workers, 1]."),
+    ] = None,
 ) -> None:
     """Run the metadata service that vLLM instances on many nodes share."""
     cfg = context.load(
@@ -83,6 +87,7 @@ def serve(
             "server.host": host,
             "server.port": port,
             "server.token_file": str(token_file) if token_file else None,
+            "server.workers": workers,
         },
     )
     server = cfg.server
@@ -119,4 +124,5 @@ def serve(
         high_watermark=md.high_watermark,
         low_watermark=md.low_watermark,
         log_level=log_level,
+        workers=server.workers,
     )

@@ -35,8 +35,10 @@ from __future__ import annotations
 import hmac
 import json
 import logging
+import os
 import time
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -276,6 +278,9 @@ def store_path(store_path_or_url: str) -> str:
     return str(Path(store_path_or_url).expanduser())
 
 
+_SETTINGS_ENV = "HF3FSCTL_SERVE_SETTINGS"
+
+
 def run_server(
     store_path_or_url: str,
     host: str,
@@ -288,27 +293,83 @@ def run_server(
     high_watermark: float = 0.95,
     low_watermark: float = 0.85,
     log_level: str = "info",
+    workers: int = 1,
 ) -> None:
     """Serve the store at `store_path_or_url` on `host:port` until interrupted.
 
-    Runs uvicorn in this process (its own signal handlers stop it cleanly on SIGINT /
-    SIGTERM); access logs are off (they cost more than a lookup), errors are logged.
+    Runs uvicorn (its own signal handlers stop it cleanly on SIGINT / SIGTERM); access
+    logs are off (they cost more than a lookup), errors are logged. With `workers > 1`
+    uvicorn starts that many worker processes on one socket, each building its app with
+    `app_from_environment` from settings this process puts in its environment (the
+    token included: only the same user can read another process's environment); the
+    store is safe across processes (`WriterLock`, WAL).
     """
     import uvicorn
 
+    settings = {
+        "db": store_path(store_path_or_url),
+        "token": token,
+        "max_body_bytes": max_body_bytes,
+        "max_batch": max_batch,
+        "lease_s": lease_s,
+        "high_watermark": high_watermark,
+        "low_watermark": low_watermark,
+    }
+    logger.info(
+        "serving metadata store %s on http://%s:%d (%d worker%s)",
+        settings["db"],
+        host,
+        port,
+        workers,
+        "s" if workers > 1 else "",
+    )
+    started = time.monotonic()
+    options: dict[str, Any] = {
+        "host": host,
+        "port": port,
+        "log_level": log_level,
+        "access_log": False,
+    }
+    try:
+        if workers > 1:
+            os.environ[_SETTINGS_ENV] = json.dumps(settings)
+            uvicorn.run(
+                f"{__name__}:app_from_environment", factory=True, workers=workers, **options
+            )
+        else:
+            uvicorn.run(_app_from_settings(settings), **options)
+    finally:
+        logger.info("metadata server stopped after %.0fs", time.monotonic() - started)
+
+
+def app_from_environment() -> FastAPI:
+    """The app of one worker process of `run_server(workers > 1)` (a uvicorn factory)."""
+    return _app_from_settings(json.loads(os.environ[_SETTINGS_ENV]))
+
+
+def _app_from_settings(settings: dict[str, Any]) -> FastAPI:
+    """A store and its app; the store is closed (counters flushed) at shutdown."""
     from hf3fsctl.meta.store import MetadataStore
 
     store = MetadataStore(
-        store_path(store_path_or_url),
-        lease_s=lease_s,
-        high_watermark=high_watermark,
-        low_watermark=low_watermark,
+        settings["db"],
+        lease_s=settings["lease_s"],
+        high_watermark=settings["high_watermark"],
+        low_watermark=settings["low_watermark"],
     )
-    app = create_app(store, token=token, max_body_bytes=max_body_bytes, max_batch=max_batch)
-    logger.info("serving metadata store %s on http://%s:%d", store.path, host, port)
-    started = time.monotonic()
-    try:
-        uvicorn.run(app, host=host, port=port, log_level=log_level, access_log=False)
-    finally:
+    app = create_app(
+        store,
+        token=settings["token"],
+        max_body_bytes=settings["max_body_bytes"],
+        max_batch=settings["max_batch"],
+    )
+    inner = app.router.lifespan_context
+
+    @asynccontextmanager
+    async def lifespan(app: Any) -> AsyncIterator[Any]:
+        async with inner(app) as state:
+            yield state
         store.close()
-        logger.info("metadata server stopped after %.0fs", time.monotonic() - started)
+
+    app.router.lifespan_context = lifespan
+    return app

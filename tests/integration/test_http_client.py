@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from helpers.meta_builders import commit_items, keys, manifest, rank_file, register, store_keys
-from helpers.servers import TOKEN, ServerProcess
+from helpers.servers import TOKEN, ServerProcess, start_server
 
 from hf3fsctl.errors import AuthError, InvalidRequest, NamespaceConflict, NotFound
 from hf3fsctl.keys import namespace_id
@@ -12,6 +14,8 @@ from hf3fsctl.meta.http import HttpMetadataClient
 from hf3fsctl.meta.models import EvictRequest
 
 pytestmark = pytest.mark.integration
+
+WORKERS_2 = "server:\n  workers: 2\n"
 
 
 @pytest.fixture
@@ -84,3 +88,15 @@ def test_key_needing_json_escapes_reaches_the_server_intact(client: HttpMetadata
     client.register_namespace(namespace_id(data), data)
     with pytest.raises(InvalidRequest, match="pattern"):
         client.lookup(namespace_id(data), ['ab"c\\d'])
+
+
+def test_two_worker_processes_serve_one_store(tmp_path: Path) -> None:
+    server = start_server(tmp_path / "server", token=TOKEN, extra_config=WORKERS_2)
+    try:
+        clients = [HttpMetadataClient(server.url, token=TOKEN, timeout_s=5) for _ in range(4)]
+        ns = register(clients[0], num_pages=100)
+        for i, each in enumerate(clients):  # new connections: spread over the workers
+            store_keys(each, ns, keys(4, start=4 * i))
+        assert [each.lookup(ns, keys(16)) for each in clients] == [16] * 4
+    finally:
+        server.stop()
