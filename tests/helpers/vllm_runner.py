@@ -78,6 +78,7 @@ class EngineResult:
     wall_s: float  # the whole child process, as seen by the parent
     connector: dict[str, Any] | None  # connector counters of the timed requests
     connector_totals: dict[str, Any] | None  # raw cumulative counters at exit
+    engine_info: dict[str, Any] = field(default_factory=dict)  # dtype, block size, version
     stderr_tail: str = ""
 
     @property
@@ -178,6 +179,7 @@ def run_engine(run: EngineRun) -> EngineResult:
         wall_s=wall,
         connector=data["connector"],
         connector_totals=data["connector_totals"],
+        engine_info=data["engine_info"],
         stderr_tail=tail,
     )
 
@@ -199,6 +201,15 @@ def _connector_totals() -> dict[str, Any] | None:
         return None
     totals = process_totals()
     return dict(totals) if totals is not None else None
+
+
+def _wait_for_saves(timeout_s: float = 60.0) -> None:
+    """Let the connector finish asynchronous saves, when it is ours."""
+    try:
+        from hf3fsctl_connector import wait_for_saves
+    except ImportError:
+        return
+    wait_for_saves(timeout_s)
 
 
 def _delta(after: dict[str, Any] | None, before: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -245,6 +256,7 @@ def _child(spec: EngineRun) -> dict[str, Any]:
         rng = random.Random(f"{os.getpid()}-{time.time_ns()}")
         warm = [rng.randrange(3, 4000) for _ in range(spec.warmup_tokens)]
         llm.generate([as_input(warm)], params, use_tqdm=False)
+        _wait_for_saves()  # so the warm-up's own save is not counted below
     before = _connector_totals()
     start = time.perf_counter()
     if spec.batch:
@@ -267,7 +279,19 @@ def _child(spec: EngineRun) -> dict[str, Any]:
                 "finish_reason": completion.finish_reason,
             }
         )
+    import vllm
+
+    config = llm.llm_engine.vllm_config
+    info = {
+        "vllm_version": vllm.__version__,
+        "model": config.model_config.model,
+        "dtype": str(config.model_config.dtype).removeprefix("torch."),
+        "kv_cache_dtype": str(config.cache_config.cache_dtype),
+        "block_size": config.cache_config.block_size,
+        "max_num_batched_tokens": config.scheduler_config.max_num_batched_tokens,
+    }
     return {
+        "engine_info": info,
         "requests": requests,
         "engine_start_s": engine_start,
         "generate_s": generate_s,
