@@ -157,6 +157,7 @@ class DataRoutes:
             status, content, headers = 200, handler(body), _JSON
         except (Hf3fsctlError, ValidationError) as exc:
             status, content, headers = self.error_reply(exc)
+        headers = [*headers, (b"content-length", b"%d" % len(content))]
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": content})
 

@@ -78,7 +78,7 @@ def check_keys(keys: Sequence[str]) -> None:
         return
     try:
         joined = "".join(keys).encode("ascii")
-        lengths = list(map(len, keys))
+        lengths = set(map(len, keys))
         if min(lengths) >= 16 and max(lengths) <= 128 and not joined.translate(None, _HEX_DIGITS):
             return
     except (TypeError, UnicodeEncodeError):
