@@ -12,8 +12,10 @@ Contract:
       nothing but the named blocks' ranges.
     * `gather_blocks_reference` / `scatter_blocks_reference` are the plain-loop oracle
       the tests compare against; never used on the data path.
-    * `_ops()` is the only dispatch point (the one place compiled kernels from `csrc/`
-      will be called); it logs once which implementation is active.
+    * `_ops()` is the only dispatch point: it loads the compiled `csrc/` library
+      (`$HF3FSCTL_OPS_LIB`, else `_ops.so` beside this module; built by
+      `python csrc/build.py`, never at import) and uses it where it supports the tensors'
+      device, else the pure-torch path; it logs once which implementation is active.
     * `StagingPool` hands out uint8 host buffers up to a fixed byte budget, reuses freed
       ones, pins them when CUDA is available, and counts what it does. It never allocates
       past its capacity: `acquire` waits (with a timeout) or returns None.
@@ -25,10 +27,12 @@ dependencies).
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from types import TracebackType
 from typing import Any, Protocol
 
@@ -151,6 +155,135 @@ class _TorchOps:
             column += seg.page_bytes
 
 
+# How the CUDA op reaches pinned host staging: "zero_copy" (the kernel reads/writes the
+# pinned pages in place over PCIe) or "bounce" (the kernel fills a device buffer, then one
+# cudaMemcpyAsync). Chosen by measurement: see csrc/NOTES.md.
+HOST_TRANSFER = "zero_copy"
+_LIBRARY_ENV = "HF3FSCTL_OPS_LIB"
+_LIBRARY_NAME = "_ops.so"
+_OP_NAMES = ("hf3fsctl::gather_pages", "hf3fsctl::scatter_pages")
+
+
+class _CompiledOps:
+    """The csrc/ ops: one kernel launch (or one CPU parallel loop) per segment per batch.
+
+    Block ids are checked on the host, moved to the cache's device once per batch, and read
+    there by the kernel. Tensors on a device the library was not built for, and pageable
+    host staging next to a CUDA cache, take the torch path.
+    """
+
+    name = "compiled"
+
+    def __init__(self, devices: frozenset[str], host_transfer: str = HOST_TRANSFER) -> None:
+        if host_transfer not in ("zero_copy", "bounce"):
+            raise ValueError(f"unknown host transfer {host_transfer!r}")
+        self.devices = devices
+        self.host_transfer = host_transfer
+        self._fallback = _TorchOps()
+        self._warned: set[str] = set()
+
+    def _supported(self, segments: Sequence[KVSegment], table: torch.Tensor) -> bool:
+        device = segments[0].buffer.device
+        if device.type not in self.devices or any(seg.buffer.device != device for seg in segments):
+            reason = f"{device.type} tensors"
+        elif device.type == "cuda" and table.device.type == "cpu" and not table.is_pinned():
+            reason = "pageable host staging"
+        elif device.type == "cpu" and table.device.type != "cpu":
+            reason = f"{table.device.type} staging beside a cpu cache"
+        else:
+            return True
+        if reason not in self._warned:
+            self._warned.add(reason)
+            logger.info("staging gather/scatter: torch path for %s", reason)
+        return False
+
+    def _device_ids(self, segments: Sequence[KVSegment], block_ids: torch.Tensor) -> torch.Tensor:
+        if block_ids.device.type == "cpu":
+            limit = min(seg.num_blocks for seg in segments)
+            low, high = int(block_ids.min()), int(block_ids.max())
+            if low < 0 or high >= limit:
+                raise IndexError(f"block ids {low}..{high} out of range for {limit} blocks")
+        return block_ids.to(segments[0].buffer.device, non_blocking=True)
+
+    def gather(
+        self, segments: Sequence[KVSegment], block_ids: torch.Tensor, out: torch.Tensor
+    ) -> None:
+        if not self._supported(segments, out):
+            self._fallback.gather(segments, block_ids, out)
+            return
+        ids = self._device_ids(segments, block_ids)
+        device = segments[0].buffer.device
+        bounce = self.host_transfer == "bounce" and device.type == "cuda" and not out.is_cuda
+        table = torch.empty(out.shape, dtype=torch.uint8, device=device) if bounce else out
+        column = 0
+        for seg in segments:
+            torch.ops.hf3fsctl.gather_pages(
+                seg.buffer, table, ids, seg.offset, seg.layer_stride, seg.block_stride,
+                seg.num_layers, seg.num_blocks, seg.page_size, column,
+            )  # fmt: skip
+            column += seg.page_bytes
+        if bounce:
+            out.copy_(table, non_blocking=True)
+
+    def scatter(
+        self, segments: Sequence[KVSegment], block_ids: torch.Tensor, src: torch.Tensor
+    ) -> None:
+        if not self._supported(segments, src):
+            self._fallback.scatter(segments, block_ids, src)
+            return
+        ids = self._device_ids(segments, block_ids)
+        device = segments[0].buffer.device
+        if self.host_transfer == "bounce" and device.type == "cuda" and not src.is_cuda:
+            src = src.to(device, non_blocking=True)
+        column = 0
+        for seg in segments:
+            torch.ops.hf3fsctl.scatter_pages(
+                seg.buffer, src, ids, seg.offset, seg.layer_stride, seg.block_stride,
+                seg.num_layers, seg.num_blocks, seg.page_size, column,
+            )  # fmt: skip
+            column += seg.page_bytes
+
+
+def _compiled_devices() -> frozenset[str]:
+    """Devices the loaded library implements both ops for (empty when none is loaded)."""
+    has_kernel = torch._C._dispatch_has_kernel_for_dispatch_key
+    devices = set()
+    for device in ("cpu", "cuda"):
+        try:
+            if all(has_kernel(op, device.upper()) for op in _OP_NAMES):
+                devices.add(device)
+        except RuntimeError:  # the op's schema is not registered at all
+            return frozenset()
+    return frozenset(devices)
+
+
+def load_compiled_ops(path: str | os.PathLike[str] | None = None) -> frozenset[str]:
+    """Load the csrc/ library (once per process) and return the devices it supports.
+
+    Args:
+        path: the library; default `$HF3FSCTL_OPS_LIB`, else `_ops.so` beside this module.
+
+    Returns:
+        The devices ("cpu", "cuda") with compiled ops; empty when no library is found or it
+        fails to load (logged as a warning, and the torch path is used).
+    """
+    devices = _compiled_devices()
+    if devices:
+        return devices  # already loaded (a second load of one namespace would fail)
+    env = os.environ.get(_LIBRARY_ENV)
+    library = Path(path or env or Path(__file__).with_name(_LIBRARY_NAME))
+    if not library.exists():
+        if path or env:
+            logger.warning("staging ops library %s does not exist", library)
+        return frozenset()
+    try:
+        torch.ops.load_library(str(library))  # type: ignore[no-untyped-call]
+    except (OSError, RuntimeError) as exc:
+        logger.warning("cannot load staging ops library %s: %s", library, exc)
+        return frozenset()
+    return _compiled_devices()
+
+
 _ACTIVE_OPS: _StagingOps | None = None
 _OPS_LOCK = threading.Lock()
 
@@ -161,11 +294,21 @@ def _ops() -> _StagingOps:
     if _ACTIVE_OPS is None:
         with _OPS_LOCK:
             if _ACTIVE_OPS is None:
-                _ACTIVE_OPS = _TorchOps()
-                logger.info(
-                    "staging gather/scatter: %s path (no compiled hf3fsctl ops loaded)",
-                    _ACTIVE_OPS.name,
-                )
+                devices = load_compiled_ops()
+                if devices:
+                    _ACTIVE_OPS = _CompiledOps(devices)
+                    logger.info(
+                        "staging gather/scatter: compiled hf3fsctl ops for %s (host transfer: "
+                        "%s); torch path elsewhere",
+                        ", ".join(sorted(devices)),
+                        HOST_TRANSFER,
+                    )
+                else:
+                    _ACTIVE_OPS = _TorchOps()
+                    logger.info(
+                        "staging gather/scatter: %s path (no compiled hf3fsctl ops loaded)",
+                        _ACTIVE_OPS.name,
+                    )
     return _ACTIVE_OPS
 
 

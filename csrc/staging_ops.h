@@ -1,0 +1,67 @@
+// Shared declarations of the hf3fsctl staging ops: page geometry and the caller checks
+// every implementation (CPU, CUDA) runs before it moves a byte.
+//
+// A KV cache segment is a 1-D uint8 tensor in which block b of layer l is the byte range
+// [offset + l*layer_stride + b*block_stride, ... + page_size). The staging side is a 2-D
+// uint8 "table" [n, row_bytes] (stride(1) == 1) whose row r holds block_ids[r]'s pages,
+// layer after layer, starting at byte `column`.
+#pragma once
+
+#include <ATen/ATen.h>
+#include <torch/library.h>
+
+namespace hf3fsctl {
+
+struct PageGeometry {
+  int64_t offset;
+  int64_t layer_stride;
+  int64_t block_stride;
+  int64_t num_layers;
+  int64_t num_blocks;
+  int64_t page_size;
+  int64_t column;     // first byte of this segment's pages in a table row
+  int64_t rows;       // pages to move per layer (block_ids.numel())
+  int64_t row_stride; // bytes between table rows
+};
+
+// Validates the arguments of gather_pages/scatter_pages; raises c10::Error (ValueError /
+// IndexError in Python) on any caller mistake.
+inline PageGeometry check_pages(const at::Tensor& cache, const at::Tensor& table,
+                                const at::Tensor& block_ids, int64_t offset,
+                                int64_t layer_stride, int64_t block_stride,
+                                int64_t num_layers, int64_t num_blocks, int64_t page_size,
+                                int64_t column) {
+  TORCH_CHECK_VALUE(cache.scalar_type() == at::kByte && cache.dim() == 1,
+                    "cache must be a 1-D uint8 tensor, got ", cache.scalar_type(), " ",
+                    cache.sizes());
+  TORCH_CHECK_VALUE(cache.numel() == 0 || cache.stride(0) == 1, "cache must be contiguous");
+  TORCH_CHECK_VALUE(table.scalar_type() == at::kByte && table.dim() == 2,
+                    "staging table must be a 2-D uint8 tensor, got ", table.scalar_type(),
+                    " ", table.sizes());
+  TORCH_CHECK_VALUE(table.size(0) <= 1 || table.stride(1) == 1,
+                    "staging table rows must be contiguous");
+  TORCH_CHECK_VALUE(table.size(0) <= 1 || table.stride(0) >= table.size(1),
+                    "staging table rows overlap");
+  TORCH_CHECK_VALUE(block_ids.dim() == 1, "block_ids must be 1-D");
+  TORCH_CHECK_VALUE(
+      block_ids.scalar_type() == at::kLong || block_ids.scalar_type() == at::kInt,
+      "block_ids must be int32 or int64, got ", block_ids.scalar_type());
+  TORCH_CHECK_VALUE(block_ids.numel() == table.size(0), "block_ids has ", block_ids.numel(),
+                    " entries for ", table.size(0), " staging rows");
+  TORCH_CHECK_VALUE(num_layers > 0 && num_blocks > 0 && page_size > 0,
+                    "num_layers, num_blocks and page_size must be positive");
+  TORCH_CHECK_VALUE(offset >= 0 && layer_stride >= 0 && block_stride >= 0 && column >= 0,
+                    "offset, strides and column must not be negative");
+  TORCH_CHECK_VALUE(column + num_layers * page_size <= table.size(1), "pages of ",
+                    num_layers, " layers x ", page_size, " B from column ", column,
+                    " overrun a ", table.size(1), "-byte staging row");
+  const int64_t last = offset + (num_layers - 1) * layer_stride +
+                       (num_blocks - 1) * block_stride + page_size;
+  TORCH_CHECK_VALUE(last <= cache.numel(), "segment reaches byte ", last, " of a ",
+                    cache.numel(), "-byte cache");
+  const int64_t row_stride = table.size(0) <= 1 ? table.size(1) : table.stride(0);
+  return PageGeometry{offset,     layer_stride, block_stride,      num_layers, num_blocks,
+                      page_size,  column,       block_ids.numel(), row_stride};
+}
+
+}  // namespace hf3fsctl
