@@ -1,0 +1,296 @@
+"""Staging benchmark: gather/scatter GB/s between a KV cache and pinned host staging.
+
+Geometry (default): a Llama-8B-like cache, all layers in one flat buffer laid out as vLLM's
+CUDA FlashAttention does (layer-outermost): 32 layers, 8 KV heads, head_dim 128, block 16,
+bf16, so one (block, layer) page is 64 KiB and one stored page (all layers) is 2 MiB. The
+cache holds 2048 blocks (4 GiB) and each batch takes random, non-contiguous block ids.
+
+Variants, for gather (cache -> pinned host) and scatter (pinned host -> cache):
+  loop       the seed connector's style: one `copy_` per (block, layer)
+  torch      the pure-torch path: index_select per segment, then one copy to the host
+  zero_copy  our kernel, reading/writing pinned host memory in place over PCIe
+  bounce     our kernel into/out of a device buffer, plus one cudaMemcpyAsync
+  device     our kernel with a device-side table (its speed without PCIe)
+and the ceilings measured in the same run for the same byte count: pinned D2H / H2D
+`cudaMemcpyAsync` (PCIe) and a device-to-device copy. Also a GPU -> page file -> GPU round
+trip through the POSIX engine on local disk (`--roundtrip-blocks 0` skips it).
+
+GB/s is the batch's bytes (one direction) over the median time (CUDA events, warm-up
+first). On a CPU-only machine the same variants run on CPU tensors with small sizes.
+
+    python benchmarks/bench_staging.py                    # table
+    python benchmarks/bench_staging.py --json             # one JSON document on stdout
+    python benchmarks/bench_staging.py --out result.json  # table, and the JSON to a file
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from hf3fsctl.staging import (  # noqa: E402
+    KVSegment,
+    _CompiledOps,
+    _TorchOps,
+    load_compiled_ops,
+)
+
+GB = 1e9
+
+
+def _cache(args: argparse.Namespace, device: str) -> KVSegment:
+    page = 2 * args.block_size * args.kv_heads * args.head_dim * 2  # K+V, bf16
+    nbytes = args.layers * args.cache_blocks * page
+    buffer = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    buffer.random_(0, 256)  # never time zeros
+    return KVSegment(
+        buffer, 0, args.cache_blocks * page, page, args.layers, args.cache_blocks, page
+    )
+
+
+def _timer(device: str, fn: Callable[[], None], repeat: int, warmup: int = 2) -> float:
+    """Median seconds of `fn` (CUDA events on GPU, perf_counter on CPU)."""
+    for _ in range(warmup):
+        fn()
+    samples = []
+    for _ in range(repeat):
+        if device == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            samples.append(start.elapsed_time(end) / 1000)
+        else:
+            t0 = time.perf_counter()
+            fn()
+            samples.append(time.perf_counter() - t0)
+    return statistics.median(samples)
+
+
+def _loop_gather(seg: KVSegment, blocks: list[int], out: torch.Tensor) -> None:
+    view = seg.blocks_view()
+    for row, block in enumerate(blocks):
+        for layer in range(seg.num_layers):
+            out[row, layer * seg.page_size : (layer + 1) * seg.page_size].copy_(
+                view[block, layer], non_blocking=True
+            )
+
+
+def _loop_scatter(seg: KVSegment, blocks: list[int], src: torch.Tensor) -> None:
+    view = seg.blocks_view()
+    for row, block in enumerate(blocks):
+        for layer in range(seg.num_layers):
+            view[block, layer].copy_(
+                src[row, layer * seg.page_size : (layer + 1) * seg.page_size], non_blocking=True
+            )
+
+
+def _variants(
+    seg: KVSegment, device: str, devices: frozenset[str]
+) -> dict[str, tuple[Callable[..., None], Callable[..., None], bool]]:
+    """name -> (gather(ids, blocks, table), scatter(ids, blocks, table), device_table)."""
+    torch_ops = _TorchOps()
+    found: dict[str, tuple[Callable[..., None], Callable[..., None], bool]] = {
+        "loop": (
+            lambda ids, blocks, t: _loop_gather(seg, blocks, t),
+            lambda ids, blocks, t: _loop_scatter(seg, blocks, t),
+            False,
+        ),
+        "torch": (
+            lambda ids, blocks, t: torch_ops.gather([seg], ids, t),
+            lambda ids, blocks, t: torch_ops.scatter([seg], ids, t),
+            False,
+        ),
+    }
+    if device in devices:
+        modes = ["zero_copy", "bounce", "device"] if device == "cuda" else ["device"]
+        for mode in modes:
+            ops = _CompiledOps(devices, "bounce" if mode == "bounce" else "zero_copy")
+            found[mode if device == "cuda" else "compiled"] = (
+                lambda ids, blocks, t, ops=ops: ops.gather([seg], ids, t),
+                lambda ids, blocks, t, ops=ops: ops.scatter([seg], ids, t),
+                mode == "device",
+            )
+    return found
+
+
+def _ceilings(nbytes: int, device: str, repeat: int) -> dict[str, float]:
+    host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=device == "cuda")
+    host.random_(0, 256)
+    dev = torch.empty(nbytes, dtype=torch.uint8, device=device).random_(0, 256)
+    dev2 = torch.empty_like(dev)
+    result = {"d2d_copy": nbytes / _timer(device, lambda: dev2.copy_(dev), repeat) / GB}
+    if device == "cuda":
+        result["pcie_d2h"] = (
+            nbytes / _timer(device, lambda: host.copy_(dev, non_blocking=True), repeat) / GB
+        )
+        result["pcie_h2d"] = (
+            nbytes / _timer(device, lambda: dev.copy_(host, non_blocking=True), repeat) / GB
+        )
+    return result
+
+
+def _roundtrip(seg: KVSegment, n: int, device: str, root: Path) -> dict[str, float]:
+    """GPU -> pinned -> page file -> pinned -> GPU, seconds per stage, compiled ops."""
+    from hf3fsctl.staging import gather_blocks, scatter_blocks
+    from hf3fsctl.storage.engine import open_engine
+    from hf3fsctl.storage.layout import PageFile, slot_bytes
+
+    page_bytes = seg.page_bytes
+    blocks = torch.randperm(seg.num_blocks)[:n].tolist()
+    targets = torch.randperm(seg.num_blocks)[:n].tolist()
+    pinned = device == "cuda"
+    staged = torch.empty(n, page_bytes, dtype=torch.uint8, pin_memory=pinned)
+    back = torch.empty_like(staged, pin_memory=pinned)
+    staged.fill_(1), back.fill_(1)  # pre-touch
+    engine = open_engine("posix", io_threads=16)
+    file = PageFile.create(root, "000000000be4c5a9", 0, page_bytes, n * slot_bytes(page_bytes))
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    stages: dict[str, float] = {}
+    t0 = time.perf_counter()
+    gather_blocks([seg], blocks, staged)
+    sync()
+    t1 = time.perf_counter()
+    written = engine.write_pages(file, list(range(n)), [staged[i].numpy() for i in range(n)])
+    t2 = time.perf_counter()
+    read = engine.read_pages(
+        file, list(range(n)), [back[i].numpy() for i in range(n)],
+        expected=[w.checksum for w in written],
+    )  # fmt: skip
+    t3 = time.perf_counter()
+    scatter_blocks([seg], targets, back)
+    sync()
+    t4 = time.perf_counter()
+    ok = all(r.ok for r in written + read) and torch.equal(staged, back)
+    stages = {"gather": t1 - t0, "write": t2 - t1, "read": t3 - t2, "scatter": t4 - t3}
+    file.close()
+    engine.close()
+    nbytes = n * page_bytes
+    result = {f"{k}_gbps": nbytes / v / GB for k, v in stages.items()}
+    result.update(total_gbps=nbytes / sum(stages.values()) / GB, bytes=nbytes, verified=ok)
+    return result
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    """Run every variant for every batch size; returns the JSON document."""
+    device = "cuda" if torch.cuda.is_available() and args.device != "cpu" else "cpu"
+    devices = load_compiled_ops()
+    seg = _cache(args, device)
+    doc: dict[str, Any] = {
+        "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
+        "torch": torch.__version__,
+        "compiled_devices": sorted(devices),
+        "geometry": {
+            "layers": args.layers,
+            "kv_heads": args.kv_heads,
+            "head_dim": args.head_dim,
+            "block_size": args.block_size,
+            "dtype": "bf16",
+            "layer_page_bytes": seg.page_size,
+            "block_page_bytes": seg.page_bytes,
+            "cache_blocks": args.cache_blocks,
+            "layout": "layer-outermost (FlashAttention LBNHC)",
+        },
+        "results": [],
+        "ceilings": {},
+    }
+    variants = _variants(seg, device, devices)
+    generator = torch.Generator().manual_seed(0)
+    for n in args.blocks:
+        nbytes = n * seg.page_bytes
+        blocks = torch.randperm(args.cache_blocks, generator=generator)[:n].tolist()
+        ids = torch.tensor(blocks)
+        host = torch.empty(n, seg.page_bytes, dtype=torch.uint8, pin_memory=device == "cuda")
+        host.random_(0, 256)
+        table_dev = torch.empty(n, seg.page_bytes, dtype=torch.uint8, device=device)
+        doc["ceilings"][str(n)] = _ceilings(nbytes, device, args.repeat)
+        for name, (gather, scatter, on_device) in variants.items():
+            table = table_dev if on_device else host
+            repeat = max(2, args.repeat // 5) if name == "loop" else args.repeat
+            for op, fn in (("gather", gather), ("scatter", scatter)):
+                seconds = _timer(
+                    device,
+                    lambda fn=fn, table=table, ids=ids, blocks=blocks: fn(ids, blocks, table),
+                    repeat,
+                )
+                doc["results"].append(
+                    {"op": op, "blocks": n, "variant": name, "bytes": nbytes,
+                     "median_ms": seconds * 1e3, "gbps": nbytes / seconds / GB}
+                )  # fmt: skip
+    if args.roundtrip_blocks and device in devices:
+        with tempfile.TemporaryDirectory(prefix="bench-staging-", dir=args.storage_dir) as tmp:
+            doc["roundtrip"] = _roundtrip(seg, args.roundtrip_blocks, device, Path(tmp))
+    return doc
+
+
+def _print_table(doc: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"staging on {doc['device']} (GB/s, one direction)")
+    for column in ("op", "blocks", "MiB", "variant", "ms", "GB/s", "of PCIe", "of D2D"):
+        table.add_column(column, justify="right")
+    for r in doc["results"]:
+        ceiling = doc["ceilings"][str(r["blocks"])]
+        pcie = ceiling.get("pcie_d2h" if r["op"] == "gather" else "pcie_h2d")
+        table.add_row(
+            r["op"], str(r["blocks"]), f"{r['bytes'] / 2**20:.0f}", r["variant"],
+            f"{r['median_ms']:.3f}", f"{r['gbps']:.1f}",
+            f"{r['gbps'] / pcie:.0%}" if pcie else "-",
+            f"{r['gbps'] / ceiling['d2d_copy']:.0%}",
+        )  # fmt: skip
+    console = Console(stderr=True)
+    console.print(table)
+    console.print({"ceilings_gbps": doc["ceilings"], "roundtrip": doc.get("roundtrip")})
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse arguments, run, print the table (and the JSON when asked)."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--blocks", type=int, nargs="+", default=None, help="batch sizes")
+    parser.add_argument("--layers", type=int, default=32)
+    parser.add_argument("--kv-heads", type=int, default=8)
+    parser.add_argument("--head-dim", type=int, default=128)
+    parser.add_argument("--block-size", type=int, default=16)
+    parser.add_argument("--cache-blocks", type=int, default=None)
+    parser.add_argument("--repeat", type=int, default=20)
+    parser.add_argument("--roundtrip-blocks", type=int, default=None)
+    parser.add_argument("--storage-dir", default=None, help="where the round trip's file goes")
+    parser.add_argument("--device", choices=["auto", "cpu"], default="auto")
+    parser.add_argument("--json", action="store_true", help="one JSON document on stdout")
+    parser.add_argument("--out", type=Path, default=None, help="also write the JSON here")
+    args = parser.parse_args(argv)
+    gpu = torch.cuda.is_available() and args.device != "cpu"
+    if args.blocks is None:
+        args.blocks = [64, 512] if gpu else [16]
+    if args.cache_blocks is None:
+        args.cache_blocks = 2048 if gpu else 64
+    if args.roundtrip_blocks is None:
+        args.roundtrip_blocks = 256 if gpu else 8
+    if not gpu and args.layers == 32:
+        args.layers, args.repeat = 8, min(args.repeat, 5)
+    doc = run(args)
+    if args.out is not None:
+        args.out.write_text(json.dumps(doc, indent=2))
+    if args.json:
+        print(json.dumps(doc, indent=2))
+    else:
+        _print_table(doc)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,183 @@
+"""CUDA staging kernels on vLLM-shaped KV caches: against the loop oracle, untouched
+blocks, narrow-copy geometries, host-transfer modes, and a round trip through a page file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from helpers.staging_builders import make_segment, page_mask, twin
+
+from hf3fsctl.staging import (
+    KVSegment,
+    StagingPool,
+    _CompiledOps,
+    _ops,
+    gather_blocks,
+    gather_blocks_reference,
+    scatter_blocks,
+    scatter_blocks_reference,
+)
+
+pytestmark = pytest.mark.gpu
+
+LAYOUTS = ["LBNHC", "BLNHC"]
+ID_DTYPES = [torch.int64, torch.int32]
+ID_DTYPE_IDS = ["int64", "int32"]
+
+
+def flash_cache(layout: str, num_layers: int = 4, num_blocks: int = 24, seed: int = 0) -> KVSegment:
+    """All layers in one flat bf16 buffer, each layer's blocks `[2, block_size, heads, dim]`.
+
+    "LBNHC" is vLLM's CUDA FlashAttention default (layer-outermost: one region per layer,
+    `layer_stride = num_blocks * page`); "BLNHC" is block-outermost (one range per block).
+    """
+    block_size, heads, head_dim = 16, 2, 64
+    generator = torch.Generator(device="cuda").manual_seed(seed)
+    shape = (2, block_size, heads, head_dim)
+    outer = (num_layers, num_blocks) if layout == "LBNHC" else (num_blocks, num_layers)
+    kv = torch.randn(*outer, *shape, device="cuda", dtype=torch.bfloat16, generator=generator)
+    raw = kv.view(-1).view(torch.uint8)
+    page = 2 * block_size * heads * head_dim * kv.element_size()
+    if layout == "LBNHC":
+        layer_stride, block_stride = num_blocks * page, page
+    else:
+        layer_stride, block_stride = page, num_layers * page
+    segment = KVSegment(raw, 0, layer_stride, block_stride, num_layers, num_blocks, page)
+    segment.check()
+    return segment
+
+
+BLOCKS = [17, 3, 9, 22, 0]
+
+
+@pytest.mark.parametrize("dtype", ID_DTYPES, ids=ID_DTYPE_IDS)
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_gather_to_pinned_host_writes_every_byte_of_the_oracle(
+    cuda_ops: _CompiledOps, layout: str, dtype: torch.dtype
+) -> None:
+    seg = flash_cache(layout)
+    expected = torch.empty(len(BLOCKS), seg.page_bytes, dtype=torch.uint8)
+    gather_blocks_reference([twin(seg)], BLOCKS, expected)
+    ids = torch.tensor(BLOCKS, dtype=dtype, device="cuda")  # ids already on the device
+    for poison in (0x00, 0xFF):
+        out = torch.full_like(expected, poison).pin_memory()
+        cuda_ops.gather([seg], ids, out)
+        torch.cuda.synchronize()
+        assert torch.equal(out, expected)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_gather_into_a_device_table_matches_the_oracle(cuda_ops: _CompiledOps, layout: str) -> None:
+    seg = flash_cache(layout, seed=1)
+    expected = torch.empty(len(BLOCKS), seg.page_bytes, dtype=torch.uint8)
+    gather_blocks_reference([twin(seg)], BLOCKS, expected)
+    out = torch.full(expected.shape, 0x5A, dtype=torch.uint8, device="cuda")
+    cuda_ops.gather([seg], torch.tensor(BLOCKS), out)
+    assert torch.equal(out.cpu(), expected)
+
+
+@pytest.mark.parametrize("dtype", ID_DTYPES, ids=ID_DTYPE_IDS)
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_scatter_from_pinned_host_matches_the_oracle(
+    cuda_ops: _CompiledOps, layout: str, dtype: torch.dtype
+) -> None:
+    seg = flash_cache(layout, seed=2)
+    expected = twin(seg)
+    src = torch.randint(0, 256, (len(BLOCKS), seg.page_bytes), dtype=torch.uint8)
+    cuda_ops.scatter([seg], torch.tensor(BLOCKS, dtype=dtype), src.pin_memory())
+    scatter_blocks_reference([expected], BLOCKS, src)
+    assert torch.equal(seg.buffer.cpu(), expected.buffer)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_scatter_leaves_untouched_blocks_untouched(cuda_ops: _CompiledOps, layout: str) -> None:
+    seg = flash_cache(layout, seed=3)
+    before = seg.buffer.cpu()
+    src = torch.randint(0, 256, (len(BLOCKS), seg.page_bytes), dtype=torch.uint8).pin_memory()
+    cuda_ops.scatter([seg], torch.tensor(BLOCKS), src)
+    outside = ~page_mask(twin(seg), BLOCKS)
+    assert torch.equal(seg.buffer.cpu()[outside], before[outside])
+
+
+# Geometries that rule out 16-byte copies (page sizes off 16, odd offsets).
+NARROW = [(2, 10, 50, "block_outer", 3), (3, 8, 36, "padded", 8), (2, 6, 4104, "layer_outer", 1)]
+NARROW_IDS = [f"{g[3]}-P{g[2]}-O{g[4]}" for g in NARROW]
+
+
+@pytest.mark.parametrize("geometry", NARROW, ids=NARROW_IDS)
+def test_narrow_copies_round_trip_like_the_oracle(
+    cuda_ops: _CompiledOps, geometry: tuple[int, int, int, str, int]
+) -> None:
+    *shape, layout, offset = geometry
+    seg = make_segment(*shape, layout, offset=offset, device="cuda")
+    blocks = [4, 0, 5]
+    expected_pages = torch.empty(len(blocks), seg.page_bytes, dtype=torch.uint8)
+    gather_blocks_reference([twin(seg)], blocks, expected_pages)
+    pages = torch.zeros_like(expected_pages).pin_memory()
+    cuda_ops.gather([seg], torch.tensor(blocks), pages)
+    torch.cuda.synchronize()
+    expected_cache = twin(seg)
+    scatter_blocks_reference([expected_cache], [1, 3, 2], expected_pages)
+    cuda_ops.scatter([seg], torch.tensor([1, 3, 2]), pages)
+    assert torch.equal(pages, expected_pages)
+    assert torch.equal(seg.buffer.cpu(), expected_cache.buffer)
+
+
+def test_bounce_transfer_gives_the_zero_copy_bytes(cuda_ops: _CompiledOps) -> None:
+    bounce = _CompiledOps(cuda_ops.devices, "bounce")
+    seg = flash_cache("LBNHC", seed=4)
+    direct = torch.zeros(len(BLOCKS), seg.page_bytes, dtype=torch.uint8).pin_memory()
+    bounced = torch.full_like(direct, 0xFF).pin_memory()
+    cuda_ops.gather([seg], torch.tensor(BLOCKS), direct)
+    bounce.gather([seg], torch.tensor(BLOCKS), bounced)
+    torch.cuda.synchronize()
+    assert torch.equal(direct, bounced)
+
+
+def test_pageable_host_staging_still_gathers_the_right_bytes(cuda_ops: _CompiledOps) -> None:
+    seg = flash_cache("LBNHC", seed=5)
+    expected = torch.empty(len(BLOCKS), seg.page_bytes, dtype=torch.uint8)
+    gather_blocks_reference([twin(seg)], BLOCKS, expected)
+    out = torch.zeros_like(expected)  # not pinned: the kernel cannot map it
+    cuda_ops.gather([seg], torch.tensor(BLOCKS), out)
+    torch.cuda.synchronize()
+    assert torch.equal(out, expected)
+
+
+def test_the_dispatch_point_uses_the_compiled_cuda_ops(cuda_ops: _CompiledOps) -> None:
+    active = _ops()
+    assert isinstance(active, _CompiledOps) and "cuda" in active.devices
+
+
+def test_cache_round_trip_through_a_page_file_restores_every_byte(
+    cuda_ops: _CompiledOps, tmp_path: Path
+) -> None:
+    from hf3fsctl.storage.engine import open_engine
+    from hf3fsctl.storage.layout import PageFile, slot_bytes
+
+    source = flash_cache("LBNHC", seed=6)
+    target = flash_cache("LBNHC", seed=7)
+    assert isinstance(_ops(), _CompiledOps)
+    targets = [2, 11, 23, 5, 14]
+    pool = StagingPool(4 << 20)
+    engine = open_engine("posix", io_threads=4)
+    file = PageFile.create(
+        tmp_path, "0123456789abcdef", 0, source.page_bytes, 8 * slot_bytes(source.page_bytes)
+    )
+    pages = list(range(len(BLOCKS)))
+    with pool.acquire(len(BLOCKS), source.page_bytes) as saved:  # type: ignore[union-attr]
+        gather_blocks([source], BLOCKS, saved.tensor)
+        torch.cuda.synchronize()
+        written = engine.write_pages(file, pages, saved.rows())
+    with pool.acquire(len(BLOCKS), source.page_bytes) as loaded:  # type: ignore[union-attr]
+        loaded.tensor.fill_(0xEE)
+        read = engine.read_pages(file, pages, loaded.rows(), expected=[w.checksum for w in written])
+        scatter_blocks([target], targets, loaded.tensor)
+        torch.cuda.synchronize()
+    file.close()
+    engine.close()
+    assert all(r.ok and r.checksum is not None for r in written + read)
+    ids_src, ids_dst = torch.tensor(BLOCKS, device="cuda"), torch.tensor(targets, device="cuda")
+    assert torch.equal(source.blocks_view()[ids_src], target.blocks_view()[ids_dst])
