@@ -356,6 +356,7 @@ def _app_from_settings(settings: dict[str, Any]) -> FastAPI:
         lease_s=settings["lease_s"],
         high_watermark=settings["high_watermark"],
         low_watermark=settings["low_watermark"],
+        background_checkpoint=True,
     )
     app = create_app(
         store,

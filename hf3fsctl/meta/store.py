@@ -44,6 +44,7 @@ from pydantic import TypeAdapter
 from hf3fsctl.errors import InvalidRequest, MetadataUnavailable, NamespaceConflict, NotFound
 from hf3fsctl.keys import check_key, check_namespace_id, namespace_id
 from hf3fsctl.meta import schema
+from hf3fsctl.meta.checkpointer import WalCheckpointer
 from hf3fsctl.meta.committed_index import CommittedIndex, prune_changes
 from hf3fsctl.meta.eviction import evict_entries, evict_for_allocation, reclaim_expired
 from hf3fsctl.meta.models import (
@@ -117,6 +118,9 @@ class MetadataStore:
         pending_timeout_s: a pending allocation older than this belongs to a dead
             writer and may be reclaimed.
         durable: `synchronous=FULL` (survive power loss) instead of NORMAL.
+        background_checkpoint: checkpoint the WAL in a background thread
+            (`WalCheckpointer`) rather than inside whichever commit fills it; for
+            long-running processes (the server).
     """
 
     def __init__(
@@ -129,6 +133,7 @@ class MetadataStore:
         busy_timeout_s: float = 5.0,
         pending_timeout_s: float = 120.0,
         durable: bool = False,
+        background_checkpoint: bool = False,
     ) -> None:
         if not 0 <= low_watermark <= high_watermark <= 1:
             raise InvalidRequest(
@@ -142,6 +147,7 @@ class MetadataStore:
         self.busy_timeout_s = float(busy_timeout_s)
         self.pending_timeout_s = float(pending_timeout_s)
         self.durable = durable
+        self.background_checkpoint = background_checkpoint
         self._local = threading.local()
         self._connections: list[sqlite3.Connection] = []
         self._connections_lock = threading.Lock()
@@ -154,6 +160,7 @@ class MetadataStore:
         self._index = CommittedIndex()
         self._commits = 0
         self._init_schema()
+        self._checkpointer = WalCheckpointer(self.path).start() if background_checkpoint else None
 
     # --- connections and transactions ------------------------------------------------
 
@@ -170,7 +177,8 @@ class MetadataStore:
             conn.execute(f"PRAGMA synchronous = {'FULL' if self.durable else 'NORMAL'}")
             conn.execute("PRAGMA temp_store = MEMORY")
             conn.execute("PRAGMA cache_size = -32768")
-            conn.execute("PRAGMA wal_autocheckpoint = 8192")
+            auto = 0 if self.background_checkpoint else 8192
+            conn.execute(f"PRAGMA wal_autocheckpoint = {auto}")
             self._local.conn = conn
             with self._connections_lock:
                 self._connections.append(conn)
@@ -272,6 +280,8 @@ class MetadataStore:
             self._connections.clear()
         self._local = threading.local()
         self._writer.close()
+        if self._checkpointer is not None:
+            self._checkpointer.stop()
 
     # --- namespaces --------------------------------------------------------------------
 
