@@ -28,7 +28,6 @@ handler (16 embedded writer processes: p99 seconds → milliseconds).
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import sqlite3
@@ -41,9 +40,9 @@ from typing import Any, TypeVar
 
 from pydantic import TypeAdapter
 
-from hf3fsctl.errors import InvalidRequest, MetadataUnavailable, NamespaceConflict, NotFound
-from hf3fsctl.keys import check_key, check_namespace_id, namespace_id
-from hf3fsctl.meta import schema
+from hf3fsctl.errors import InvalidRequest, MetadataUnavailable, NotFound
+from hf3fsctl.keys import check_key, check_namespace_id
+from hf3fsctl.meta import namespaces, schema
 from hf3fsctl.meta.checkpointer import WalCheckpointer
 from hf3fsctl.meta.committed_index import CommittedIndex, prune_changes
 from hf3fsctl.meta.eviction import evict_entries, evict_for_allocation, reclaim_expired
@@ -288,99 +287,25 @@ class MetadataStore:
     def register_namespace(self, namespace: str, manifest: dict[str, Any]) -> NamespaceInfo:
         """Create a namespace, or return it if identical; `NamespaceConflict` if not."""
         check_namespace_id(namespace)
-        expected = namespace_id(manifest)
-        if expected != namespace:
-            raise InvalidRequest(
-                f"namespace id {namespace} does not match its manifest (hash {expected})"
-            )
-        num_ranks = _num_ranks(manifest)
-        text = json.dumps(manifest, sort_keys=True, separators=(",", ":"), default=str)
         with self._write() as conn:
-            row = conn.execute("SELECT manifest FROM namespaces WHERE id = ?", (namespace,))
-            existing = row.fetchone()
-            if existing is None:
-                conn.execute(
-                    "INSERT INTO namespaces (id, manifest, num_ranks, created) VALUES (?,?,?,?)",
-                    (namespace, text, num_ranks, time.time()),
-                )
-                logger.info("registered namespace %s (%d ranks)", namespace, num_ranks)
-            elif existing[0] != text:
-                raise NamespaceConflict(f"namespace {namespace} exists with another manifest")
-            return self._namespace_info(conn, namespace)
+            return namespaces.insert_namespace(conn, namespace, manifest)
 
     def register_rank(self, namespace: str, rank_file: RankFile) -> NamespaceInfo:
         """Record one rank's page file; `NamespaceConflict` if it differs from before."""
         check_namespace_id(namespace)
         with self._write() as conn:
-            info = self._namespace_info(conn, namespace)
-            if rank_file.rank >= info.num_ranks:
-                raise InvalidRequest(
-                    f"rank {rank_file.rank} is out of range: namespace {namespace} "
-                    f"has {info.num_ranks} ranks"
-                )
-            page_bytes = info.manifest.get("page_bytes")
-            if isinstance(page_bytes, int) and page_bytes != rank_file.page_bytes:
-                raise InvalidRequest(
-                    f"rank file page_bytes {rank_file.page_bytes} differs from the "
-                    f"manifest's {page_bytes}"
-                )
-            if rank_file.slot_bytes < rank_file.page_bytes:
-                raise InvalidRequest("rank file slot_bytes is smaller than page_bytes")
-            for existing in info.rank_files:
-                if existing.rank == rank_file.rank:
-                    if existing != rank_file:
-                        raise NamespaceConflict(
-                            f"rank {rank_file.rank} of namespace {namespace} is registered "
-                            f"as {existing.model_dump()}, not {rank_file.model_dump()}"
-                        )
-                    return info
-            conn.execute(
-                "INSERT INTO rank_files (namespace, rank, path, page_bytes, slot_bytes,"
-                " num_pages) VALUES (?,?,?,?,?,?)",
-                (
-                    namespace,
-                    rank_file.rank,
-                    rank_file.path,
-                    rank_file.page_bytes,
-                    rank_file.slot_bytes,
-                    rank_file.num_pages,
-                ),
-            )
-            return self._namespace_info(conn, namespace)
+            return namespaces.insert_rank_file(conn, namespace, rank_file)
 
     def get_namespace(self, namespace: str) -> NamespaceInfo:
         """One namespace; `NotFound` if absent."""
         check_namespace_id(namespace)
         with self._read() as conn:
-            return self._namespace_info(conn, namespace)
+            return namespaces.namespace_info(conn, namespace)
 
     def namespaces(self) -> list[NamespaceInfo]:
         """Every registered namespace, oldest first."""
         with self._read() as conn:
-            ids = [r[0] for r in conn.execute("SELECT id FROM namespaces ORDER BY created")]
-            return [self._namespace_info(conn, ns) for ns in ids]
-
-    def _namespace_info(self, conn: sqlite3.Connection, namespace: str) -> NamespaceInfo:
-        row = conn.execute(
-            "SELECT manifest, num_ranks, created FROM namespaces WHERE id = ?", (namespace,)
-        ).fetchone()
-        if row is None:
-            raise NotFound(f"namespace {namespace} is not registered")
-        ranks = conn.execute(
-            "SELECT rank, path, page_bytes, slot_bytes, num_pages FROM rank_files"
-            " WHERE namespace = ? ORDER BY rank",
-            (namespace,),
-        ).fetchall()
-        return NamespaceInfo(
-            id=namespace,
-            manifest=json.loads(row[0]),
-            num_ranks=row[1],
-            created=row[2],
-            rank_files=[
-                RankFile(rank=r[0], path=r[1], page_bytes=r[2], slot_bytes=r[3], num_pages=r[4])
-                for r in ranks
-            ],
-        )
+            return namespaces.all_namespaces(conn)
 
     def _ranks_of(self, conn: sqlite3.Connection, namespace: str) -> int:
         cached = self._num_ranks.get(namespace)
@@ -757,14 +682,3 @@ class MetadataStore:
             if stats.id == namespace:
                 return stats
         raise NotFound(f"namespace {namespace} is not registered")
-
-
-def _num_ranks(manifest: dict[str, Any]) -> int:
-    """`tp_size * pp_size` of a manifest, validated."""
-    sizes = []
-    for name in ("tp_size", "pp_size"):
-        value = manifest.get(name)
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise InvalidRequest(f"manifest {name} must be a positive integer, got {value!r}")
-        sizes.append(value)
-    return sizes[0] * sizes[1]

@@ -1,0 +1,126 @@
+"""Namespace and rank-file registration: the rows of `namespaces` and `rank_files`.
+
+Functions over an open SQLite connection; `MetadataStore` runs them inside its
+transactions (writes in `BEGIN IMMEDIATE`). A namespace is immutable once registered:
+registering it again with the same manifest returns it, with another manifest raises
+`NamespaceConflict`; the same holds for each rank's page file.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sqlite3
+import time
+from typing import Any
+
+from hf3fsctl.errors import InvalidRequest, NamespaceConflict, NotFound
+from hf3fsctl.keys import namespace_id
+from hf3fsctl.meta.models import NamespaceInfo, RankFile
+
+logger = logging.getLogger(__name__)
+
+
+def insert_namespace(
+    conn: sqlite3.Connection, namespace: str, manifest: dict[str, Any]
+) -> NamespaceInfo:
+    """Create `namespace` from its manifest, or return it if identical (write transaction)."""
+    expected = namespace_id(manifest)
+    if expected != namespace:
+        raise InvalidRequest(
+            f"namespace id {namespace} does not match its manifest (hash {expected})"
+        )
+    num_ranks = manifest_ranks(manifest)
+    text = json.dumps(manifest, sort_keys=True, separators=(",", ":"), default=str)
+    row = conn.execute("SELECT manifest FROM namespaces WHERE id = ?", (namespace,))
+    existing = row.fetchone()
+    if existing is None:
+        conn.execute(
+            "INSERT INTO namespaces (id, manifest, num_ranks, created) VALUES (?,?,?,?)",
+            (namespace, text, num_ranks, time.time()),
+        )
+        logger.info("registered namespace %s (%d ranks)", namespace, num_ranks)
+    elif existing[0] != text:
+        raise NamespaceConflict(f"namespace {namespace} exists with another manifest")
+    return namespace_info(conn, namespace)
+
+
+def insert_rank_file(
+    conn: sqlite3.Connection, namespace: str, rank_file: RankFile
+) -> NamespaceInfo:
+    """Record one rank's page file, or return the namespace if identical (write transaction)."""
+    info = namespace_info(conn, namespace)
+    if rank_file.rank >= info.num_ranks:
+        raise InvalidRequest(
+            f"rank {rank_file.rank} is out of range: namespace {namespace} "
+            f"has {info.num_ranks} ranks"
+        )
+    page_bytes = info.manifest.get("page_bytes")
+    if isinstance(page_bytes, int) and page_bytes != rank_file.page_bytes:
+        raise InvalidRequest(
+            f"rank file page_bytes {rank_file.page_bytes} differs from the manifest's {page_bytes}"
+        )
+    if rank_file.slot_bytes < rank_file.page_bytes:
+        raise InvalidRequest("rank file slot_bytes is smaller than page_bytes")
+    for existing in info.rank_files:
+        if existing.rank == rank_file.rank:
+            if existing != rank_file:
+                raise NamespaceConflict(
+                    f"rank {rank_file.rank} of namespace {namespace} is registered "
+                    f"as {existing.model_dump()}, not {rank_file.model_dump()}"
+                )
+            return info
+    conn.execute(
+        "INSERT INTO rank_files (namespace, rank, path, page_bytes, slot_bytes,"
+        " num_pages) VALUES (?,?,?,?,?,?)",
+        (
+            namespace,
+            rank_file.rank,
+            rank_file.path,
+            rank_file.page_bytes,
+            rank_file.slot_bytes,
+            rank_file.num_pages,
+        ),
+    )
+    return namespace_info(conn, namespace)
+
+
+def all_namespaces(conn: sqlite3.Connection) -> list[NamespaceInfo]:
+    """Every registered namespace, oldest first."""
+    ids = [r[0] for r in conn.execute("SELECT id FROM namespaces ORDER BY created")]
+    return [namespace_info(conn, ns) for ns in ids]
+
+
+def namespace_info(conn: sqlite3.Connection, namespace: str) -> NamespaceInfo:
+    """One namespace and its rank files; `NotFound` if absent."""
+    row = conn.execute(
+        "SELECT manifest, num_ranks, created FROM namespaces WHERE id = ?", (namespace,)
+    ).fetchone()
+    if row is None:
+        raise NotFound(f"namespace {namespace} is not registered")
+    ranks = conn.execute(
+        "SELECT rank, path, page_bytes, slot_bytes, num_pages FROM rank_files"
+        " WHERE namespace = ? ORDER BY rank",
+        (namespace,),
+    ).fetchall()
+    return NamespaceInfo(
+        id=namespace,
+        manifest=json.loads(row[0]),
+        num_ranks=row[1],
+        created=row[2],
+        rank_files=[
+            RankFile(rank=r[0], path=r[1], page_bytes=r[2], slot_bytes=r[3], num_pages=r[4])
+            for r in ranks
+        ],
+    )
+
+
+def manifest_ranks(manifest: dict[str, Any]) -> int:
+    """`tp_size * pp_size` of a manifest, validated."""
+    sizes = []
+    for name in ("tp_size", "pp_size"):
+        value = manifest.get(name)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise InvalidRequest(f"manifest {name} must be a positive integer, got {value!r}")
+        sizes.append(value)
+    return sizes[0] * sizes[1]
