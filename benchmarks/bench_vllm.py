@@ -55,7 +55,7 @@ def load_runner() -> ModuleType:
 
 
 def drop_page_cache(root: Path) -> int:
-    """Flush and drop every file under `root` from the page cache; returns bytes dropped."""
+    """Flush and drop every file under `root` from the page cache; returns bytes on disk."""
     dropped = 0
     for path in root.rglob("*"):
         if not path.is_file():
@@ -64,7 +64,7 @@ def drop_page_cache(root: Path) -> int:
         try:
             os.fsync(fd)
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            dropped += os.fstat(fd).st_size
+            dropped += os.fstat(fd).st_blocks * 512  # allocated, not the sparse size
         finally:
             os.close(fd)
     return dropped
@@ -109,6 +109,7 @@ def measure(args: argparse.Namespace, runner: ModuleType, log: Any) -> dict[str,
                 prompts=prompt,
                 max_tokens=1,
                 block_size=args.block_size,
+                dtype=args.dtype,
                 kv_transfer_config=kv[name.split("-")[0]],
                 kv_cache_memory_bytes=512 * runner.MIB,
                 max_model_len=args.prompt_tokens + 64,
@@ -119,6 +120,8 @@ def measure(args: argparse.Namespace, runner: ModuleType, log: Any) -> dict[str,
             request = result.requests[0]
             sample = {
                 "ttft_s": request.ttft_s,
+                "queued_s": request.queued_s,
+                "prefill_s": request.prefill_s,
                 "cached_tokens": request.num_cached_tokens,
                 "wall_s": result.wall_s,
                 "connector": result.connector,
@@ -126,7 +129,9 @@ def measure(args: argparse.Namespace, runner: ModuleType, log: Any) -> dict[str,
             samples[name].append(sample)
             log(
                 f"repeat {repeat + 1}/{args.repeats} {name:<18} TTFT {request.ttft_s:7.3f} s  "
-                f"cached {request.num_cached_tokens:>5}  process {result.wall_s:5.1f} s"
+                f"(queued {request.queued_s:6.3f} s, scheduled→first token "
+                f"{request.prefill_s:6.3f} s)  cached {request.num_cached_tokens:>5}  "
+                f"process {result.wall_s:5.1f} s"
             )
     return {"model": str(model), "samples": samples}
 
@@ -222,6 +227,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--prompt-tokens", type=int, default=4000)
     parser.add_argument("--block-size", type=int, default=128)
+    parser.add_argument(
+        "--dtype",
+        default="float32",
+        help="model dtype (vLLM's auto runs this fp32 model in bfloat16, slow on AVX2 CPUs)",
+    )
     parser.add_argument("--warmup-tokens", type=int, default=512)
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds per engine run")
     parser.add_argument("--configs", nargs="+", choices=CONFIGS, default=list(CONFIGS))

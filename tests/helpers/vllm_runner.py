@@ -66,6 +66,8 @@ class RequestResult:
     num_cached_tokens: int  # vLLM's own count: local prefix cache + external (connector)
     ttft_s: float  # vLLM's first_token_latency: arrival to first token
     finish_reason: str | None
+    queued_s: float = 0.0  # engine core: queued until first scheduled (includes loads)
+    prefill_s: float = 0.0  # engine core: first scheduled until first token
 
 
 @dataclass
@@ -212,6 +214,12 @@ def _wait_for_saves(timeout_s: float = 60.0) -> None:
     wait_for_saves(timeout_s)
 
 
+def _span(metrics: Any, start: str, end: str) -> float:
+    """Seconds between two engine-core timestamps of a request (0 when unknown)."""
+    first, last = getattr(metrics, start, 0.0) or 0.0, getattr(metrics, end, 0.0) or 0.0
+    return float(last - first) if first and last else 0.0
+
+
 def _delta(after: dict[str, Any] | None, before: dict[str, Any] | None) -> dict[str, Any] | None:
     if after is None:
         return None
@@ -277,6 +285,8 @@ def _child(spec: EngineRun) -> dict[str, Any]:
                 "num_cached_tokens": int(out.num_cached_tokens or 0),
                 "ttft_s": float(getattr(metrics, "first_token_latency", 0.0) or 0.0),
                 "finish_reason": completion.finish_reason,
+                "queued_s": _span(metrics, "queued_ts", "scheduled_ts"),
+                "prefill_s": _span(metrics, "scheduled_ts", "first_token_ts"),
             }
         )
     import vllm
