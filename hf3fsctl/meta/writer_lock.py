@@ -3,10 +3,10 @@
 SQLite serializes writers itself, but a writer that finds the database locked sleeps in
 its busy handler (1, 2, 5, … up to 100 ms steps) while others keep winning: with 16
 writer processes p99 reached seconds. A kernel `flock` on `<db>.lock` taken before
-`BEGIN IMMEDIATE` hands the database over within a fraction of a millisecond instead:
-threads of one process queue on a mutex; processes poll the non-blocking `flock` with
-short sleeps (0.1 ms growing to 1 ms) until the caller's timeout, then the caller raises
-`MetadataUnavailable`. The lock is advisory and only this package takes it; a writer
+`BEGIN IMMEDIATE` hands the database over the moment it is released instead: threads of
+one process queue on a mutex; a process that finds the lock taken blocks in the kernel
+(in a helper thread, so that it can give up at the caller's timeout, after which the
+caller raises `MetadataUnavailable`). The lock is advisory and only this package takes it; a writer
 that does not (the `sqlite3` shell) is still handled by SQLite's busy timeout.
 A process that dies holding it releases it (the kernel closes its descriptors).
 """
@@ -19,9 +19,6 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-
-_FIRST_SLEEP_S = 0.0001
-_MAX_SLEEP_S = 0.001
 
 
 class WriterLock:
@@ -46,12 +43,21 @@ class WriterLock:
             return
         try:
             fd = self._descriptor()
-            got = self._acquire(fd, deadline)
             try:
-                yield got
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                waited = self._wait(deadline - time.monotonic())
+                try:
+                    yield waited is not None
+                finally:
+                    if waited is not None:
+                        fcntl.flock(waited, fcntl.LOCK_UN)
+                        os.close(waited)
+                return
+            try:
+                yield True
             finally:
-                if got:
-                    fcntl.flock(fd, fcntl.LOCK_UN)
+                fcntl.flock(fd, fcntl.LOCK_UN)
         finally:
             self._mutex.release()
 
@@ -69,18 +75,35 @@ class WriterLock:
             self._pid = os.getpid()
         return self._fd
 
-    @staticmethod
-    def _acquire(fd: int, deadline: float) -> bool:
-        pause = _FIRST_SLEEP_S
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                return True
-            except BlockingIOError:
-                if time.monotonic() >= deadline:
-                    return False
-                time.sleep(pause)
-                pause = min(pause * 2, _MAX_SLEEP_S)
+    def _wait(self, timeout_s: float) -> int | None:
+        """Block in the kernel for the lock, up to `timeout_s`; the descriptor holding it.
+
+        A blocked `flock` is woken the moment the holder releases (polling sleepers miss
+        that moment and starve), but cannot time out; so a helper thread blocks on its own
+        descriptor, and gives the lock back at once if the caller stopped waiting.
+        """
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        got = threading.Event()
+        state = threading.Lock()
+        abandoned = False
+
+        def block() -> None:
+            nonlocal abandoned
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            with state:
+                if abandoned:
+                    fcntl.flock(fd, fcntl.LOCK_UN)
+                    os.close(fd)
+                    return
+                got.set()
+
+        threading.Thread(target=block, name="hf3fsctl-writer-lock", daemon=True).start()
+        got.wait(max(timeout_s, 0))
+        with state:
+            if got.is_set():
+                return fd
+            abandoned = True
+        return None
 
     def close(self) -> None:
         """Close the lock file's descriptor."""
