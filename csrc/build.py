@@ -61,10 +61,14 @@ def _nvcc() -> str:
     return found
 
 
-def _commands(cuda: bool, objdir: Path, cxx: str) -> tuple[list[list[str]], list[Path]]:
+def _commands(
+    cuda: bool, objdir: Path, cxx: str, openmp: bool = True
+) -> tuple[list[list[str]], list[Path]]:
     includes, defines, _ = _torch_flags(cuda)
     python_include = f"-I{sysconfig.get_path('include')}"
-    cxxflags = ["-O3", "-std=c++20", "-fPIC", "-fopenmp", "-Wall", *defines, *includes]
+    cxxflags = ["-O3", "-std=c++20", "-fPIC", "-Wall", *defines, *includes]
+    if openmp:
+        cxxflags.append("-fopenmp")
     cxxflags.append(python_include)
     commands, objects = [], []
     for name in ("registration.cpp", "staging_cpu.cpp"):
@@ -102,13 +106,14 @@ def _run(command: list[str]) -> tuple[list[str], subprocess.CompletedProcess[str
     return command, subprocess.run(command, capture_output=True, text=True, check=False)
 
 
-def build(cuda: bool, out_dir: Path, jobs: int = 3) -> Path:
+def build(cuda: bool, out_dir: Path, jobs: int = 3, openmp: bool = True) -> Path:
     """Compile and link the ops library; returns its path.
 
     Args:
         cuda: also build the CUDA implementation.
         out_dir: where `_ops.so` goes.
         jobs: compilers run at once.
+        openmp: parallelise the CPU op with OpenMP (at::parallel_for runs serially without).
 
     Raises:
         SystemExit: a compiler or the linker failed (its output is printed).
@@ -117,7 +122,7 @@ def build(cuda: bool, out_dir: Path, jobs: int = 3) -> Path:
     out_dir.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="hf3fsctl-ops-") as tmp:
-        commands, objects = _commands(cuda, Path(tmp), cxx)
+        commands, objects = _commands(cuda, Path(tmp), cxx, openmp)
         with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
             results = list(pool.map(_run, commands))
         for command, result in results:
@@ -128,7 +133,8 @@ def build(cuda: bool, out_dir: Path, jobs: int = 3) -> Path:
                 sys.stderr.write(result.stderr)
         _, _, link = _torch_flags(cuda)
         staged = Path(tmp) / LIBRARY_NAME
-        link_cmd = [cxx, "-shared", "-fopenmp", *map(str, objects), "-o", str(staged), *link]
+        omp = ["-fopenmp"] if openmp else []
+        link_cmd = [cxx, "-shared", *omp, *map(str, objects), "-o", str(staged), *link]
         _, result = _run(link_cmd)
         if result.returncode != 0:
             sys.stderr.write(" ".join(link_cmd) + "\n" + result.stdout + result.stderr)
@@ -150,6 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     group.add_argument("--cpu", action="store_true", help="build the CPU op only")
     parser.add_argument("--out", type=Path, default=PACKAGE_DIR, help="output directory")
     parser.add_argument("--jobs", type=int, default=3, help="compilers run at once")
+    parser.add_argument("--no-openmp", action="store_true", help="serial CPU op, no libgomp")
     args = parser.parse_args(argv)
     if args.cuda or args.cpu:
         cuda = bool(args.cuda)
@@ -159,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
         cuda = torch.version.cuda is not None and (
             shutil.which("nvcc") is not None or bool(os.environ.get("CUDA_HOME"))
         )
-    build(cuda, args.out, args.jobs)
+    build(cuda, args.out, args.jobs, openmp=not args.no_openmp)
     return 0
 
 
