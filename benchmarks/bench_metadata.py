@@ -20,6 +20,7 @@ clients' own CPU. Every figure is printed beside the in-tree vLLM metadata serve
     python benchmarks/bench_metadata.py            # ~1-2 minutes
     python benchmarks/bench_metadata.py --quick    # ~20 seconds
     python benchmarks/bench_metadata.py --json -   # one JSON document on stdout
+    python benchmarks/bench_metadata.py --workers 2  # serve with 2 worker processes
 """
 
 from __future__ import annotations
