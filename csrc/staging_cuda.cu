@@ -54,8 +54,8 @@ __global__ void copy_pages_kernel(uint8_t* __restrict__ cache, uint8_t* __restri
 uint8_t* table_device_pointer(const at::Tensor& table, const at::Device& device) {
   uint8_t* ptr = static_cast<uint8_t*>(table.data_ptr());
   if (table.is_cuda()) {
-    TORCH_CHECK_VALUE(table.device() == device, "staging table is on ", table.device(),
-                      ", the cache on ", device);
+    TORCH_CHECK_VALUE(table.device() == device, message("staging table is on ", table.device(),
+                                                        ", the cache on ", device));
     return ptr;
   }
   TORCH_CHECK_VALUE(table.is_cpu(), "staging table must be a CUDA or pinned CPU tensor");
@@ -95,8 +95,9 @@ template <bool kToTable>
 void copy_pages(const at::Tensor& cache, const at::Tensor& table, const at::Tensor& block_ids,
                 const PageGeometry& g) {
   TORCH_CHECK_VALUE(cache.is_cuda(), "the CUDA op needs the cache on a CUDA device");
-  TORCH_CHECK_VALUE(block_ids.device() == cache.device(), "block_ids are on ",
-                    block_ids.device(), ", the cache on ", cache.device());
+  TORCH_CHECK_VALUE(block_ids.device() == cache.device(),
+                    message("block_ids are on ", block_ids.device(), ", the cache on ",
+                            cache.device()));
   if (g.rows == 0) {
     return;
   }

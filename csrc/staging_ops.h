@@ -10,7 +10,27 @@
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
+#include <string>
+
 namespace hf3fsctl {
+
+// Error messages are assembled here without iostreams and handed to TORCH_CHECK as ONE
+// std::string (c10::str passes a single string through untouched). On the device image
+// (g++ 13.3, -std=c++20, torch 2.11) c10::str's ostream formatting of an integer inside
+// this library crashed the process instead of raising (see NOTES.md).
+inline void append_part(std::string& out, const char* part) { out += part; }
+inline void append_part(std::string& out, const std::string& part) { out += part; }
+inline void append_part(std::string& out, int64_t part) { out += std::to_string(part); }
+inline void append_part(std::string& out, int32_t part) { out += std::to_string(part); }
+inline void append_part(std::string& out, c10::ScalarType part) { out += c10::toString(part); }
+inline void append_part(std::string& out, const c10::Device& part) { out += part.str(); }
+
+template <typename... Parts>
+std::string message(const Parts&... parts) {
+  std::string out;
+  (append_part(out, parts), ...);
+  return out;
+}
 
 struct PageGeometry {
   int64_t offset;
@@ -32,12 +52,12 @@ inline PageGeometry check_pages(const at::Tensor& cache, const at::Tensor& table
                                 int64_t num_layers, int64_t num_blocks, int64_t page_size,
                                 int64_t column) {
   TORCH_CHECK_VALUE(cache.scalar_type() == at::kByte && cache.dim() == 1,
-                    "cache must be a 1-D uint8 tensor, got ", cache.scalar_type(), " ",
-                    cache.sizes());
+                    message("cache must be a 1-D uint8 tensor, got ", cache.scalar_type(),
+                            " with ", cache.dim(), " dims"));
   TORCH_CHECK_VALUE(cache.numel() == 0 || cache.stride(0) == 1, "cache must be contiguous");
   TORCH_CHECK_VALUE(table.scalar_type() == at::kByte && table.dim() == 2,
-                    "staging table must be a 2-D uint8 tensor, got ", table.scalar_type(),
-                    " ", table.sizes());
+                    message("staging table must be a 2-D uint8 tensor, got ",
+                            table.scalar_type(), " with ", table.dim(), " dims"));
   TORCH_CHECK_VALUE(table.size(0) <= 1 || table.stride(1) == 1,
                     "staging table rows must be contiguous");
   TORCH_CHECK_VALUE(table.size(0) <= 1 || table.stride(0) >= table.size(1),
@@ -45,20 +65,22 @@ inline PageGeometry check_pages(const at::Tensor& cache, const at::Tensor& table
   TORCH_CHECK_VALUE(block_ids.dim() == 1, "block_ids must be 1-D");
   TORCH_CHECK_VALUE(
       block_ids.scalar_type() == at::kLong || block_ids.scalar_type() == at::kInt,
-      "block_ids must be int32 or int64, got ", block_ids.scalar_type());
-  TORCH_CHECK_VALUE(block_ids.numel() == table.size(0), "block_ids has ", block_ids.numel(),
-                    " entries for ", table.size(0), " staging rows");
+      message("block_ids must be int32 or int64, got ", block_ids.scalar_type()));
+  TORCH_CHECK_VALUE(block_ids.numel() == table.size(0),
+                    message("block_ids has ", block_ids.numel(), " entries for ",
+                            table.size(0), " staging rows"));
   TORCH_CHECK_VALUE(num_layers > 0 && num_blocks > 0 && page_size > 0,
                     "num_layers, num_blocks and page_size must be positive");
   TORCH_CHECK_VALUE(offset >= 0 && layer_stride >= 0 && block_stride >= 0 && column >= 0,
                     "offset, strides and column must not be negative");
-  TORCH_CHECK_VALUE(column + num_layers * page_size <= table.size(1), "pages of ",
-                    num_layers, " layers x ", page_size, " B from column ", column,
-                    " overrun a ", table.size(1), "-byte staging row");
+  TORCH_CHECK_VALUE(column + num_layers * page_size <= table.size(1),
+                    message("pages of ", num_layers, " layers x ", page_size,
+                            " B from column ", column, " overrun a ", table.size(1),
+                            "-byte staging row"));
   const int64_t last = offset + (num_layers - 1) * layer_stride +
                        (num_blocks - 1) * block_stride + page_size;
-  TORCH_CHECK_VALUE(last <= cache.numel(), "segment reaches byte ", last, " of a ",
-                    cache.numel(), "-byte cache");
+  TORCH_CHECK_VALUE(last <= cache.numel(), message("segment reaches byte ", last, " of a ",
+                                                   cache.numel(), "-byte cache"));
   const int64_t row_stride = table.size(0) <= 1 ? table.size(1) : table.stride(0);
   return PageGeometry{offset,     layer_stride, block_stride,      num_layers, num_blocks,
                       page_size,  column,       block_ids.numel(), row_stride};
