@@ -147,7 +147,7 @@ def init(
         str | None,
         typer.Option(
             "--metadata-url",
-            help="sqlite:///PATH or http://HOST:PORT [default: <storage-path>/metadata.db].",
+            help="sqlite:///PATH or http://HOST:PORT (default: <storage-path>/metadata.db).",
         ),
     ] = None,
     token_file: Annotated[
@@ -178,7 +178,7 @@ def init(
     ] = None,
     ranks: Annotated[
         int | None,
-        typer.Option("--ranks", min=1, help="How many ranks to preallocate [default: TP x PP]."),
+        typer.Option("--ranks", min=1, help="How many ranks to preallocate (default: TP x PP)."),
     ] = None,
     json: JsonOpt = False,
 ) -> None:

@@ -55,16 +55,16 @@ def serve(
     config: ConfigOpt = None,
     host: Annotated[
         str | None,
-        typer.Option("--host", help="Bind address [default: server.host, 127.0.0.1]."),
+        typer.Option("--host", help="Bind address (default: server.host, 127.0.0.1)."),
     ] = None,
     port: Annotated[
-        int | None, typer.Option("--port", help="TCP port [default: server.port, 18765].")
+        int | None, typer.Option("--port", help="TCP port (default: server.port, 18765).")
     ] = None,
     token_file: Annotated[
         Path | None,
         typer.Option(
             "--token-file",
-            help="File holding the bearer token clients must send [default: server.token_file].",
+            help="File holding the bearer token clients must send (default: server.token_file).",
         ),
     ] = None,
     insecure: Annotated[
@@ -76,7 +76,7 @@ def serve(
     ] = "info",
     workers: Annotated[
         int | None,
-        typer.Option("--workers", min=1, help="Server processes [default: server.workers, 1]."),
+        typer.Option("--workers", min=1, help="Server processes (default: server.workers, 1)."),
     ] = None,
 ) -> None:
     """Run the metadata service that vLLM instances on many nodes share."""
