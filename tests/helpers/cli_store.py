@@ -15,6 +15,7 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
+from helpers.meta_builders import make_manifest
 from hf3fsctl.cli.main import app
 from hf3fsctl.config import Config, load_config
 from hf3fsctl.keys import NamespaceManifest
@@ -27,22 +28,7 @@ FILE_SIZE = "1MiB"  # 64 pages of 16 KiB per rank
 
 def manifest(model: str = "tiny-llama", tp_size: int = 2) -> NamespaceManifest:
     """A namespace manifest with small pages."""
-    return NamespaceManifest(
-        model=model,
-        revision="main",
-        kv_dtype="float16",
-        block_size=32,
-        layout="LBHNC",
-        backend="CPU_ATTN",
-        num_layers=2,
-        num_kv_heads=2,
-        head_dim=64,
-        tp_size=tp_size,
-        pp_size=1,
-        page_bytes=PAGE_BYTES,
-        hash_algorithm="sha256",
-        none_hash="00" * 32,
-    )
+    return make_manifest(model=model, tp_size=tp_size, block_size=32, page_bytes=PAGE_BYTES)
 
 
 @dataclass

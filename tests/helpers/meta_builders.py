@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from typing import Any
 
@@ -11,10 +12,10 @@ from hf3fsctl.meta.models import CommitItem, RankFile
 PAGE_BYTES = 4096
 
 
-def manifest(model: str = "tiny-llama", tp_size: int = 1, pp_size: int = 1) -> dict[str, Any]:
-    """A valid namespace manifest dict."""
-    return NamespaceManifest(
-        model=model,
+def make_manifest(**changes: Any) -> NamespaceManifest:
+    """A valid namespace manifest (tiny Llama, one rank); `changes` override fields."""
+    base = NamespaceManifest(
+        model="tiny-llama",
         revision="main",
         kv_dtype="float16",
         block_size=16,
@@ -23,12 +24,18 @@ def manifest(model: str = "tiny-llama", tp_size: int = 1, pp_size: int = 1) -> d
         num_layers=2,
         num_kv_heads=2,
         head_dim=64,
-        tp_size=tp_size,
-        pp_size=pp_size,
+        tp_size=1,
+        pp_size=1,
         page_bytes=PAGE_BYTES,
         hash_algorithm="sha256",
         none_hash="00" * 32,
-    ).to_dict()
+    )
+    return dataclasses.replace(base, **changes)
+
+
+def manifest(model: str = "tiny-llama", tp_size: int = 1, pp_size: int = 1) -> dict[str, Any]:
+    """A valid namespace manifest dict."""
+    return make_manifest(model=model, tp_size=tp_size, pp_size=pp_size).to_dict()
 
 
 def rank_file(namespace: str, rank: int, num_pages: int) -> RankFile:

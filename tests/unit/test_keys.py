@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 import pytest
+from helpers.meta_builders import make_manifest
 
 from hf3fsctl.errors import InvalidRequest
 from hf3fsctl.keys import (
@@ -20,23 +20,15 @@ from hf3fsctl.keys import (
 
 
 def _manifest(**changes: object) -> NamespaceManifest:
-    base = NamespaceManifest(
-        model="tiny",
-        revision="r1",
-        kv_dtype="float32",
-        block_size=32,
-        layout="LBHNC",
-        backend="CPU_ATTN",
-        num_layers=2,
-        num_kv_heads=2,
-        head_dim=64,
-        tp_size=1,
-        pp_size=1,
-        page_bytes=65536,
-        hash_algorithm="sha256",
-        none_hash=none_hash().hex(),
-    )
-    return dataclasses.replace(base, **changes)  # type: ignore[arg-type]
+    defaults: dict[str, object] = {
+        "model": "tiny",
+        "revision": "r1",
+        "kv_dtype": "float32",
+        "block_size": 32,
+        "page_bytes": 65536,
+        "none_hash": none_hash().hex(),
+    }
+    return make_manifest(**(defaults | changes))
 
 
 @pytest.mark.parametrize(

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 from pathlib import Path
 
 import pytest
+from helpers.meta_builders import make_manifest
 
 from hf3fsctl.errors import InvalidRequest, NamespaceConflict, NotFound, StorageError
 from hf3fsctl.keys import NamespaceManifest
@@ -26,23 +26,8 @@ NS = "0123456789abcdef"
 
 
 def _manifest(**changes: object) -> NamespaceManifest:
-    base = NamespaceManifest(
-        model="tiny-llama",
-        revision="local-0000",
-        kv_dtype="float16",
-        block_size=16,
-        layout="LBHNC",
-        backend="CPU_ATTN",
-        num_layers=2,
-        num_kv_heads=2,
-        head_dim=64,
-        tp_size=1,
-        pp_size=1,
-        page_bytes=2 * 2 * 16 * 2 * 64 * 2,
-        hash_algorithm="sha256",
-        none_hash="00ff",
-    )
-    return dataclasses.replace(base, **changes)  # type: ignore[arg-type]
+    defaults: dict[str, object] = {"revision": "local-0000", "page_bytes": 2 * 2 * 16 * 2 * 64 * 2}
+    return make_manifest(**(defaults | changes))
 
 
 @pytest.mark.parametrize(
