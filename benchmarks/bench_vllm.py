@@ -8,6 +8,8 @@ prompt of `--prompt-tokens` tokens (model `SIZES["bench"]`, built under `.bench/
 - `ours-write`: our connector, empty store: prefill + asynchronous save;
 - `ours-load`: our connector, a fresh process, the same prompt: load instead of prefill;
 - `ours-load-dropped`: the same after `posix_fadvise(DONTNEED)` on our page files;
+- `ours-load-async`: `ours-load` with `connector.load_mode=async` and
+  `connector.lookup_wait_ms=0` (the request waits off-step for its load);
 - `example-write` / `example-load`: vLLM's built-in `ExampleConnector`, the peer.
 
 TTFT is vLLM's own per-request `first_token_latency` (arrival to first token), after one
@@ -38,9 +40,14 @@ CONFIGS = (
     "ours-write",
     "ours-load",
     "ours-load-dropped",
+    "ours-load-async",
     "example-write",
     "example-load",
 )
+
+
+# `ours-load-async`: the load runs off-step and the first lookup never answers in-step.
+ASYNC_LOAD = {"connector.load_mode": "async", "connector.lookup_wait_ms": 0}
 
 
 def load_runner() -> ModuleType:
@@ -99,6 +106,7 @@ def measure(args: argparse.Namespace, runner: ModuleType, log: Any) -> dict[str,
         kv = {
             "none": None,
             "ours": runner.hf3fsctl_kv_config(ours_extra(ours_store)),
+            "ours-load-async": runner.hf3fsctl_kv_config({**ours_extra(ours_store), **ASYNC_LOAD}),
             "example": runner.example_kv_config(example_store),
         }
         for name in args.configs:
@@ -110,7 +118,7 @@ def measure(args: argparse.Namespace, runner: ModuleType, log: Any) -> dict[str,
                 max_tokens=1,
                 block_size=args.block_size,
                 dtype=args.dtype,
-                kv_transfer_config=kv[name.split("-")[0]],
+                kv_transfer_config=kv.get(name, kv[name.split("-")[0]]),
                 kv_cache_memory_bytes=512 * runner.MIB,
                 max_model_len=args.prompt_tokens + 64,
                 warmup_tokens=args.warmup_tokens,

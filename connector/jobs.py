@@ -9,6 +9,8 @@ Contract:
       verification → scatter the intact pages into their blocks. Returns the block ids
       that did not arrive intact and the kind of the first failure. A load cancelled by
       its timeout never scatters.
+    * `run_load_direct` (synchronous loads into a host KV cache): locate → read each
+      page straight into its block's byte ranges, verified there. Returns the same.
 """
 
 from __future__ import annotations
@@ -121,6 +123,47 @@ def run_save(worker: WorkerSide, job: SaveJob, lease: StagingBuffer) -> None:
 
 def _failure_kind(error: str | None) -> str:
     return "checksum" if error == ERROR_CHECKSUM else "io"
+
+
+def run_load_direct(worker: WorkerSide, run: LoadRun) -> tuple[set[int], str]:
+    """Read `run.job`'s pages straight into its blocks of a host KV cache (no staging).
+
+    Each page's per-layer byte ranges in the cache are the read's iovecs, and the checksum
+    is verified over them. A block that failed may hold any bytes: it is returned as
+    failed, and vLLM recomputes it before anything attends over it. Only for loads the
+    engine step waits for (a timed-out background read could not be stopped from
+    writing into blocks that were given to another request).
+    """
+    from hf3fsctl.staging import page_pieces
+
+    job = run.job
+    assert worker.page_file is not None and worker.engine is not None
+    try:
+        locations = worker.guard.call(lambda c: c.locate(worker.namespace, worker.rank, job.keys))
+    except MetadataUnavailable:
+        return set(job.block_ids), "metadata_down"
+    page_bytes = worker.manifest.page_bytes
+    wanted = [
+        (i, loc) for i, loc in enumerate(locations) if loc is not None and loc.size == page_bytes
+    ]
+    failed = {job.block_ids[i] for i, loc in enumerate(locations) if loc is None}
+    kind = "not_found" if failed else ""
+    failed |= {
+        job.block_ids[i]
+        for i, loc in enumerate(locations)
+        if loc is not None and loc.size != page_bytes
+    }
+    results = worker.engine.read_pages_scattered(
+        worker.page_file,
+        [loc.page for _, loc in wanted],
+        page_pieces(worker.segments, [job.block_ids[i] for i, _ in wanted]),
+        expected=[loc.checksum for _, loc in wanted],
+    )
+    for (i, _), outcome in zip(wanted, results, strict=True):
+        if not outcome.ok:
+            failed.add(job.block_ids[i])
+            kind = kind or _failure_kind(outcome.error)
+    return failed, kind or "error"
 
 
 def run_load(worker: WorkerSide, run: LoadRun, acquire_timeout_s: float) -> tuple[set[int], str]:

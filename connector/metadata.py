@@ -24,6 +24,7 @@ class LoadJob:
     req_id: str  # the request whose blocks are filled; reported in finished_recving
     block_ids: list[int]  # destination KV blocks, one per key
     keys: list[str]  # block keys, in prefix order
+    sync: bool = False  # load before this step's forward; errors reported in this step
 
 
 @dataclass
@@ -40,7 +41,7 @@ class SaveJob:
 class Hf3fsctlConnectorMetadata(KVConnectorMetadata):
     """One step's work for the workers."""
 
-    loads: list[LoadJob] = field(default_factory=list)  # start after this step's forward
+    loads: list[LoadJob] = field(default_factory=list)  # sync: before the forward; async: after
     saves: list[SaveJob] = field(default_factory=list)  # gather in wait_for_save
 
     def is_empty(self) -> bool:
@@ -62,3 +63,4 @@ class RequestState:
     load_first: int = 0  # block index of the first block of the load in flight
     load_block_ids: list[int] = field(default_factory=list)  # blocks of the load in flight
     load_failed_at: int | None = None  # index (in the load) of its first failed block
+    load_sync: bool = False  # the load in flight is synchronous (settled at its step)

@@ -2,10 +2,14 @@
 
 Contract:
     * Block keys are vLLM's `request.block_hashes` in hex. One metadata `lookup` per
-      waiting request runs on a small thread pool; `get_num_new_matched_tokens` returns
-      None while it is in flight (vLLM asks again next step) and treats a lookup older
-      than `metadata.timeout_s`, or any failure, as a miss. The last prompt token is
-      never covered. Loads are asynchronous: `(tokens, True)`.
+      waiting request runs on a small thread pool; `get_num_new_matched_tokens` waits
+      for it at most `connector.lookup_wait_ms`, returns None while it is still in
+      flight (vLLM asks again next step) and treats a lookup older than
+      `metadata.timeout_s`, or any failure, as a miss. The last prompt token is never
+      covered. With `connector.load_mode` "sync" a hit is `(tokens, False)`: the workers
+      load it before the forward of the step that computes the rest of the prompt, and
+      report failed blocks in that step (vLLM recomputes them); with "async" it is
+      `(tokens, True)` and the request waits for `finished_recving`.
     * `build_connector_meta` drains the step's work: loads planned by
       `update_state_after_alloc`, and saves of prompt blocks that become full this step
       and are not already stored or being saved (decode blocks only with
@@ -22,7 +26,7 @@ from __future__ import annotations
 
 import logging
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import TYPE_CHECKING, Any
 
 from hf3fsctl.config import Config
@@ -63,6 +67,7 @@ class SchedulerSide:
         self._requests: dict[str, RequestState] = {}
         self._pending_loads: list[LoadJob] = []
         self._pool = ThreadPoolExecutor(LOOKUP_THREADS, thread_name_prefix="hf3fsctl-lookup")
+        self._sync = config.connector.load_mode == "sync"
 
     # --- matching ----------------------------------------------------------------
 
@@ -99,7 +104,12 @@ class SchedulerSide:
             state.lookup_started = time.monotonic()
             state.lookup = self._pool.submit(self._timed_lookup, keys)
             self.stats.add(lookup_blocks=len(keys))
-            return False  # answered on a later step, never on the engine thread
+            # A fast store answers within this step; a slow or dead one costs the step
+            # at most `lookup_wait_ms` and is asked again on a later step.
+            wait_s = self.config.connector.lookup_wait_ms / 1000.0
+            if wait_s <= 0:
+                return False
+            wait([state.lookup], timeout=wait_s)
         future: Future[int] = state.lookup
         if not future.done():
             if time.monotonic() - state.lookup_started < self.config.metadata.timeout_s:
@@ -145,7 +155,7 @@ class SchedulerSide:
         new_blocks = loadable - num_computed_tokens // self.block_size
         if new_blocks <= 0 or new_blocks < self.config.connector.min_hit_blocks:
             return 0, False
-        return new_blocks * self.block_size, True
+        return new_blocks * self.block_size, not self._sync
 
     def update_state_after_alloc(
         self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int
@@ -167,8 +177,9 @@ class SchedulerSide:
                 count,
             )
             return
-        self._pending_loads.append(LoadJob(request.request_id, block_ids, keys))
+        self._pending_loads.append(LoadJob(request.request_id, block_ids, keys, self._sync))
         state.load_first, state.load_block_ids, state.load_failed_at = first, block_ids, None
+        state.load_sync = self._sync
         self.stats.add(hit_blocks=count, hit_tokens=count * self.block_size)
         state.stored_upto = max(state.stored_upto, first + count)
 
@@ -234,13 +245,16 @@ class SchedulerSide:
                         failed_at = state.load_failed_at
                         state.load_failed_at = index if failed_at is None else min(index, failed_at)
                         break
-        for req_id in output.finished_recving or ():
+        # A synchronous load ended in the step that reported it: it is never in
+        # finished_recving, so settle it here.
+        synced = [s.request.request_id for s in self._requests.values() if s.load_sync]
+        for req_id in synced + list(output.finished_recving or ()):
             done = self._requests.get(req_id)
             if done is None or not done.load_block_ids:
                 continue
             if done.load_failed_at is not None and done.hit_blocks is not None:
                 done.hit_blocks = min(done.hit_blocks, done.load_first + done.load_failed_at)
-            done.load_block_ids, done.load_failed_at = [], None
+            done.load_block_ids, done.load_failed_at, done.load_sync = [], None, False
 
     def request_finished(self, request: Request) -> tuple[bool, dict[str, Any] | None]:
         """Hold the blocks while this request's saves may still be running."""

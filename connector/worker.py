@@ -10,10 +10,14 @@ Contract:
       so the bytes are copied while the request still owns its blocks. Allocation, the
       writes, commit (with checksums) and — on any failure — release of what was
       allocated run on background threads (`connector.jobs`).
-    * Loads: `start_load_kv` hands each load job to a background thread: locate (lease)
-      → read into staging with checksum verification → scatter into the KV cache →
-      reported by `get_finished`. Every block that did not arrive intact is returned by
-      `get_block_ids_with_load_errors` in the same step its request is reported.
+    * Loads: `start_load_kv` hands each asynchronous load job to a background thread:
+      locate (lease) → read into staging with checksum verification → scatter into the
+      KV cache → reported by `get_finished`. Every block that did not arrive intact is
+      returned by `get_block_ids_with_load_errors` in the same step its request is
+      reported. A synchronous job (`LoadJob.sync`) runs in `start_load_kv` itself, which
+      vLLM calls before that step's forward; on a host KV cache its pages are read
+      straight into the blocks (no staging, no scatter). Its failed blocks are returned
+      by `get_block_ids_with_load_errors` in the same step, and vLLM recomputes them.
     * Nothing here raises into the engine step: errors are logged and become failed
       blocks or dropped saves, counted in the stats.
     * A request with save jobs is reported in `finished_sending` once vLLM has told us it
@@ -40,7 +44,7 @@ from hf3fsctl.storage.engine import IOEngine, open_engine
 from hf3fsctl.storage.layout import PageFile, write_manifest
 
 from .geometry import kv_segments
-from .jobs import LoadRun, run_load, run_save
+from .jobs import LoadRun, run_load, run_load_direct, run_save
 from .metadata import Hf3fsctlConnectorMetadata
 from .namespace import kv_group
 from .service import MetadataGuard
@@ -284,9 +288,12 @@ class WorkerSide:
     # --- loads ---------------------------------------------------------------------
 
     def start_load_kv(self, meta: Hf3fsctlConnectorMetadata) -> None:
-        """Start this step's loads on background threads."""
+        """Run this step's synchronous loads; start its asynchronous ones on threads."""
         for job in meta.loads:
             run = LoadRun(job=job, started=time.monotonic())
+            if job.sync:
+                self._load_now(run)
+                continue
             with self._lock:
                 self._loads[job.req_id] = run
             try:
@@ -301,6 +308,21 @@ class WorkerSide:
         try:
             if self.disabled is not None:
                 kind = "metadata_down"
+            else:
+                failed, kind = run_load(self, run, LOAD_TIMEOUT_S / 2)
+        except Exception:
+            logger.exception("load of request %s failed", run.job.req_id)
+        self._load_ended(run, failed, kind)
+
+    def _load_now(self, run: LoadRun) -> None:
+        """A synchronous load: done before this step's forward; errors reported this step."""
+        failed: set[int] = set(run.job.block_ids)
+        kind = "error"
+        try:
+            if self.disabled is not None:
+                kind = "metadata_down"
+            elif not self._cuda:
+                failed, kind = run_load_direct(self, run)
             else:
                 failed, kind = run_load(self, run, LOAD_TIMEOUT_S / 2)
         except Exception:
@@ -342,6 +364,9 @@ class WorkerSide:
         )
         self.stats.observe("load_s", elapsed)
         with self._lock:
+            if run.job.sync:  # never waited for through finished_recving
+                self._load_errors.update(failed)
+                return
             self._loads.pop(run.job.req_id, None)
             self._done_loads[run.job.req_id] = failed
 

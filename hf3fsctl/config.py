@@ -191,6 +191,22 @@ class ConnectorConfig:
     min_hit_blocks: int = field(
         default=1, metadata=_spec("load only when at least this many blocks hit", min=1)
     )
+    lookup_wait_ms: float = field(
+        default=5.0,
+        metadata=_spec(
+            "wait this long for a store lookup inside the scheduler step (0 = never)",
+            min=0,
+            max=1000,
+        ),
+    )
+    load_mode: str = field(
+        default="sync",
+        metadata=_spec(
+            "sync: load inside the step that computes the rest of the prompt; "
+            "async: load on a thread while the engine runs other requests",
+            choices=("sync", "async"),
+        ),
+    )
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,8 @@ Contract:
       `out` (``[len(block_ids), page_bytes]`` uint8) with one vectorised op per segment:
       no Python loop per block or layer. `scatter_blocks` is the inverse and writes
       nothing but the named blocks' ranges.
+    * `page_pieces(segments, block_ids)` names a host KV cache's page byte ranges as
+      writable memoryviews (page order), for reading stored pages straight into them.
     * `gather_blocks_reference` / `scatter_blocks_reference` are the plain-loop oracle
       the tests compare against; never used on the data path.
     * `_ops()` is the only dispatch point: it loads the compiled `csrc/` library
@@ -364,6 +366,39 @@ def scatter_blocks(
     _check_batch(segments, int(ids.numel()), src, "src")
     if ids.numel():
         _ops().scatter(segments, ids, src)
+
+
+def page_pieces(segments: Sequence[KVSegment], block_ids: Sequence[int]) -> list[list[memoryview]]:
+    """The byte ranges of each block's page in a host KV cache, in stored-page order.
+
+    One writable memoryview per (segment, layer) of each block, aliasing the cache: an
+    I/O engine can read a stored page straight into them (`read_pages_scattered`), with
+    no staging buffer and no scatter copy.
+
+    Args:
+        segments: the KV cache segments; their buffers must be CPU tensors.
+        block_ids: the blocks, in the order of the returned lists.
+
+    Raises:
+        ValueError: a segment is not in host memory or a block id is out of range.
+    """
+    bases = []
+    for seg in segments:
+        if seg.buffer.device.type != "cpu":
+            raise ValueError(f"page pieces need a host KV cache, not {seg.buffer.device}")
+        bases.append(seg.buffer.numpy().data.cast("B"))
+    out: list[list[memoryview]] = []
+    for block in block_ids:
+        pieces: list[memoryview] = []
+        for seg, base in zip(segments, bases, strict=True):
+            if not 0 <= int(block) < seg.num_blocks:
+                raise ValueError(f"block {block} is outside 0..{seg.num_blocks - 1}")
+            start = seg.offset + int(block) * seg.block_stride
+            for _ in range(seg.num_layers):
+                pieces.append(base[start : start + seg.page_size])
+                start += seg.layer_stride
+        out.append(pieces)
+    return out
 
 
 def gather_blocks_reference(

@@ -93,6 +93,24 @@ class IOEngine(Protocol):
         """Read page `pages[i]` into writable `buffers[i]`, verifying `expected[i]` if set."""
         ...
 
+    def read_pages_scattered(
+        self,
+        file: PageFile,
+        pages: Sequence[int],
+        pieces: Sequence[Sequence[Buffer]],
+        *,
+        expected: Sequence[str | None] | None = None,
+    ) -> list[PageResult]:
+        """Read page `pages[i]` into the writable buffers `pieces[i]`, in order.
+
+        The pieces of a page must add up to exactly ``page_bytes``; the page's first
+        bytes go to the first piece, and so on (a KV block's per-layer byte ranges can be
+        the pieces, so a page lands in the KV cache without staging). `expected[i]` is
+        verified over the pieces as if they were one buffer. A page that fails may have
+        left any bytes in its pieces.
+        """
+        ...
+
     def close(self) -> None:
         """Release threads and resources."""
         ...

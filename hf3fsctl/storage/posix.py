@@ -1,7 +1,9 @@
 """The POSIX I/O engine: parallel, vectored ``preadv``/``pwritev`` straight into caller buffers.
 
 Contract (beyond `hf3fsctl.storage.engine.IOEngine`):
-    * No copies: the kernel reads into / writes from the caller's buffers themselves.
+    * No copies: the kernel reads into / writes from the caller's buffers themselves;
+      `read_pages_scattered` reads each page into several buffers (its iovecs), verified
+      over them as one page.
     * Pages whose slots are adjacent in the file are moved by one vectored call; the
       gap between ``page_bytes`` and ``slot_bytes`` is bridged by a scratch (read) or zero
       (write) iovec, which touches only the unused tail of a slot, never a neighbour page.
@@ -30,7 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hf3fsctl.errors import InvalidRequest, StorageError
-from hf3fsctl.storage.checksum import checksum, page_checksum
+from hf3fsctl.storage.checksum import checksum_pieces, page_checksum
 from hf3fsctl.storage.engine import (
     ERROR_BOUNDS,
     ERROR_CHECKSUM,
@@ -59,8 +61,19 @@ class _Op:
     index: int  # position in the caller's request
     page: int
     offset: int
-    view: memoryview  # exactly the bytes to transfer
+    view: memoryview  # exactly the bytes to transfer (the first piece when scattered)
     expected: str | None = None
+    pieces: list[memoryview] | None = None  # a scattered read: these, in order, are the page
+
+    @property
+    def views(self) -> list[memoryview]:
+        """The buffers the page's bytes go to or come from, in file order."""
+        return [self.view] if self.pieces is None else self.pieces
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes this op moves."""
+        return len(self.view) if self.pieces is None else sum(len(p) for p in self.pieces)
 
 
 def _byte_view(buffer: Buffer) -> memoryview:
@@ -134,6 +147,40 @@ class PosixEngine:
         self._run(file, ops, results, reading=True, checksums=False)
         return _finish(results)
 
+    def read_pages_scattered(
+        self,
+        file: PageFile,
+        pages: Sequence[int],
+        pieces: Sequence[Sequence[Buffer]],
+        *,
+        expected: Sequence[str | None] | None = None,
+    ) -> list[PageResult]:
+        """Read page `pages[i]` into the buffers `pieces[i]`; see `IOEngine`."""
+        if len(pages) != len(pieces):
+            raise InvalidRequest(
+                f"{len(pages)} pages, {len(pieces)} piece lists: the lengths must match"
+            )
+        firsts = [piece_list[0] if len(piece_list) else b"" for piece_list in pieces]
+        results, ops = self._prepare(file, pages, firsts, expected, reading=True, whole=False)
+        kept: list[_Op] = []
+        for op in ops:
+            try:
+                views = [_byte_view(buffer) for buffer in pieces[op.index]]
+            except (ValueError, TypeError) as exc:
+                results[op.index] = _failed(op.page, ERROR_BOUNDS, str(exc))
+                continue
+            total = sum(len(v) for v in views)
+            if total != file.page_bytes or any(v.readonly for v in views):
+                problem = f"pieces hold {total} bytes, page has {file.page_bytes}"
+                if any(v.readonly for v in views):
+                    problem = "a read piece is read-only"
+                results[op.index] = _failed(op.page, ERROR_BOUNDS, problem)
+                continue
+            op.view, op.pieces = views[0], views
+            kept.append(op)
+        self._run(file, kept, results, reading=True, checksums=False)
+        return _finish(results)
+
     def close(self) -> None:
         """Stop the I/O threads (idempotent)."""
         self._closed = True
@@ -156,6 +203,7 @@ class PosixEngine:
         expected: Sequence[str | None] | None,
         *,
         reading: bool,
+        whole: bool = True,
     ) -> tuple[list[PageResult | None], list[_Op]]:
         if self._closed:
             raise StorageError("the I/O engine is closed")
@@ -179,7 +227,7 @@ class PosixEngine:
             problem = None
             if reading and view.readonly:
                 problem = "read buffer is read-only"
-            elif reading and len(view) < file.page_bytes:
+            elif reading and whole and len(view) < file.page_bytes:
                 problem = f"read buffer has {len(view)} bytes, page has {file.page_bytes}"
             elif not reading and not 0 < len(view) <= file.page_bytes:
                 problem = f"write buffer has {len(view)} bytes, page holds 1..{file.page_bytes}"
@@ -201,11 +249,16 @@ class PosixEngine:
         per_task = max(
             math.ceil(len(ops) / self.io_threads), math.ceil(MIN_TASK_BYTES / file.slot_bytes)
         )
-        per_task = min(per_task, self._iov_max // 2, max(1, self.max_task_bytes // file.slot_bytes))
+        iov_per_op = max(len(op.views) for op in ops) + 1  # + the slot gap
+        per_task = min(
+            per_task,
+            max(1, self._iov_max // iov_per_op),
+            max(1, self.max_task_bytes // file.slot_bytes),
+        )
         tasks: list[list[_Op]] = [[ops[0]]]
         for prev, op in itertools.pairwise(ops):
             current = tasks[-1]
-            adjacent = op.page == prev.page + 1 and len(prev.view) == file.page_bytes
+            adjacent = op.page == prev.page + 1 and prev.nbytes == file.page_bytes
             if adjacent and len(current) < per_task:
                 current.append(op)
             else:
@@ -270,8 +323,9 @@ class PosixEngine:
         if not self.o_direct or ops[0].offset % PAGE_ALIGN:
             return file.fd
         for op in ops:
-            if len(op.view) % PAGE_ALIGN or _address(op.view) % PAGE_ALIGN:
-                return file.fd
+            for view in op.views:
+                if len(view) % PAGE_ALIGN or _address(view) % PAGE_ALIGN:
+                    return file.fd
         direct = file.direct_fd()
         return file.fd if direct is None else direct
 
@@ -283,15 +337,18 @@ class PosixEngine:
         if reading and gap and len(ops) > 1:
             scratch = memoryview(bytearray(gap))
         for position, op in enumerate(ops):
-            iov.append(op.view)
+            iov.extend(op.views)
             if position + 1 < len(ops) and gap:
                 iov.append(scratch if scratch is not None else memoryview(_ZEROS)[:gap])
         total = sum(len(v) for v in iov)
         done = 0
         start = ops[0].offset
         while done < total:
+            batch = iov[: self._iov_max]
             moved = (
-                os.preadv(fd, iov, start + done) if reading else os.pwritev(fd, iov, start + done)
+                os.preadv(fd, batch, start + done)
+                if reading
+                else os.pwritev(fd, batch, start + done)
             )
             if moved <= 0:
                 break
@@ -304,11 +361,11 @@ class PosixEngine:
     ) -> list[tuple[_Op, PageResult]]:
         out: list[tuple[_Op, PageResult]] = []
         for position, op in enumerate(ops):
-            end = position * file.slot_bytes + len(op.view)
+            end = position * file.slot_bytes + op.nbytes
             if done < end:
                 kind = ERROR_SHORT if reading else ERROR_IO
-                got = max(0, min(len(op.view), done - position * file.slot_bytes))
-                out.append((op, _failed(op.page, kind, f"moved {got} of {len(op.view)} bytes")))
+                got = max(0, min(op.nbytes, done - position * file.slot_bytes))
+                out.append((op, _failed(op.page, kind, f"moved {got} of {op.nbytes} bytes")))
             elif reading and op.expected is not None:
                 out.append((op, _verified(op)))
             else:
@@ -328,7 +385,7 @@ def _verified(op: _Op) -> PageResult:
     expected = op.expected or ""
     algorithm = expected.split(":", 1)[0]
     try:
-        actual = checksum(op.view, algorithm)
+        actual = checksum_pieces(op.views, algorithm)
     except InvalidRequest as exc:
         return _failed(op.page, ERROR_CHECKSUM, exc.message)
     if actual != expected:

@@ -122,6 +122,38 @@ class UsrbioEngine:
         """Read page `pages[i]` into `buffers[i]`; see `IOEngine.read_pages`."""
         return self._batch(file, pages, buffers, expected, reading=True, checksums=False)
 
+    def read_pages_scattered(
+        self,
+        file: PageFile,
+        pages: Sequence[int],
+        pieces: Sequence[Sequence[Buffer]],
+        *,
+        expected: Sequence[str | None] | None = None,
+    ) -> list[PageResult]:
+        """Read page `pages[i]` into the buffers `pieces[i]`; see `IOEngine`.
+
+        USRBIO copies out of its shared iov anyway; here each verified page is copied
+        piece by piece through one page-sized bounce buffer.
+        """
+        if len(pages) != len(pieces):
+            raise InvalidRequest("pages and piece lists must have the same length")
+        results: list[PageResult] = []
+        bounce = bytearray(file.page_bytes)
+        for i, page in enumerate(pages):
+            views = [memoryview(piece).cast("B") for piece in pieces[i]]
+            if sum(len(v) for v in views) != file.page_bytes or any(v.readonly for v in views):
+                results.append(PageResult(page, False, ERROR_BOUNDS, None, "bad piece sizes"))
+                continue
+            want = None if expected is None else [expected[i]]
+            result = self.read_pages(file, [page], [bounce], expected=want)[0]
+            if result.ok:
+                position = 0
+                for view in views:
+                    view[:] = memoryview(bounce)[position : position + len(view)]
+                    position += len(view)
+            results.append(result)
+        return results
+
     def _batch(
         self,
         file: PageFile,

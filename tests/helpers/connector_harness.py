@@ -206,8 +206,12 @@ class Harness:
         self.metas.append(meta)
         self.outputs.append(output)
         self.worker.bind_connector_metadata(meta)
+        # As vLLM's model runner: synchronous loads feed this step's forward.
+        if output.has_sync_kv_loads:
+            self.worker.start_load_kv(None)
         self._fake_forward(output)
-        self.worker.start_load_kv(None)
+        if not output.has_sync_kv_loads:
+            self.worker.start_load_kv(None)
         self.worker.wait_for_save()
         sending, recving = self.worker.get_finished(output.finished_req_ids)
         invalid = self.worker.get_block_ids_with_load_errors()

@@ -61,12 +61,15 @@ def _loads(harness: Harness) -> list[tuple[int, str]]:
     ]
 
 
+ASYNC = {"connector.load_mode": "async", "connector.lookup_wait_ms": 0}
+
+
 def test_lookup_in_flight_returns_none_then_a_hit(
     harnesses: list[Harness], tiny_model_dir: Path, store: Path
 ) -> None:
     prompt = prompt_tokens(3 * BLOCK_SIZE + 5)
     _cold(harnesses, tiny_model_dir, store, prompt)
-    warm = _new(harnesses, tiny_model_dir, store)
+    warm = _new(harnesses, tiny_model_dir, store, extra=ASYNC)
     request = make_request("warm", prompt)
     first = warm.connector.get_num_new_matched_tokens(request, 0)
     deadline = time.monotonic() + 5
@@ -77,12 +80,23 @@ def test_lookup_in_flight_returns_none_then_a_hit(
     assert (first, answer) == ((None, False), (3 * BLOCK_SIZE, True))
 
 
-def test_warm_request_loads_the_stored_bytes(
+def test_fast_lookup_answers_a_sync_hit_in_the_first_call(
     harnesses: list[Harness], tiny_model_dir: Path, store: Path
+) -> None:
+    prompt = prompt_tokens(3 * BLOCK_SIZE + 5)
+    _cold(harnesses, tiny_model_dir, store, prompt)
+    warm = _new(harnesses, tiny_model_dir, store, extra={"connector.lookup_wait_ms": 1000})
+    answer = warm.connector.get_num_new_matched_tokens(make_request("warm", prompt), 0)
+    assert answer == (3 * BLOCK_SIZE, False)
+
+
+@pytest.mark.parametrize("load_mode", ["sync", "async"], ids=["sync", "async"])
+def test_warm_request_loads_the_stored_bytes(
+    harnesses: list[Harness], tiny_model_dir: Path, store: Path, load_mode: str
 ) -> None:
     prompt = prompt_tokens(4 * BLOCK_SIZE + 9)
     _cold(harnesses, tiny_model_dir, store, prompt)
-    warm = _new(harnesses, tiny_model_dir, store)
+    warm = _new(harnesses, tiny_model_dir, store, extra={"connector.load_mode": load_mode})
     warm.run(make_request("warm", prompt))
     page_bytes = warm.worker.worker_side.manifest.page_bytes
     loads = _loads(warm)
@@ -170,22 +184,30 @@ def test_request_with_nothing_to_save_is_not_held(
     assert harness.connector.request_finished(request, []) == (False, None)
 
 
+# Tokens a warm request computes when all 3 loaded blocks fail: the whole prompt again
+# and one decode step; a sync load also ran the 4-token tail once over the bad blocks
+# (that step's output is dropped by vLLM).
+@pytest.mark.parametrize(
+    ("load_mode", "wasted"), [("sync", 4), ("async", 0)], ids=["sync", "async"]
+)
 def test_corrupted_pages_are_reported_and_recomputed(
-    harnesses: list[Harness], tiny_model_dir: Path, store: Path
+    harnesses: list[Harness], tiny_model_dir: Path, store: Path, load_mode: str, wasted: int
 ) -> None:
     prompt = prompt_tokens(3 * BLOCK_SIZE + 4)
     _cold(harnesses, tiny_model_dir, store, prompt)
     for page_file in store.glob("*/rank-*.pages"):
         page_file.write_bytes(b"\xff" * page_file.stat().st_size)
     before = hf3fsctl_connector.process_totals()["failed_checksum"]
-    warm = _new(harnesses, tiny_model_dir, store)
+    warm = _new(harnesses, tiny_model_dir, store, extra={"connector.load_mode": load_mode})
     warm.run(make_request("warm", prompt))
     loaded_blocks = {block for block, _ in _loads(warm)}
     failed = hf3fsctl_connector.process_totals()["failed_checksum"] - before
-    prefilled = sum(
-        output.num_scheduled_tokens.get("warm", 0) for output in warm.outputs
-    )  # every prompt token computed again, plus one decode step
-    assert (warm.invalid_reported, failed, prefilled) == (loaded_blocks, 3, len(prompt) + 1)
+    prefilled = sum(output.num_scheduled_tokens.get("warm", 0) for output in warm.outputs)
+    assert (warm.invalid_reported, failed, prefilled) == (
+        loaded_blocks,
+        3,
+        len(prompt) + 1 + wasted,
+    )
 
 
 def test_dead_metadata_service_serves_misses_without_hanging(
