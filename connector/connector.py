@@ -98,7 +98,15 @@ class Hf3fsctlConnector(KVConnectorBase_V1):
                 self.settings.metadata_url,
             )
         else:
-            self.worker_side = WorkerSide(self.settings, self.manifest, kv_cache_config, self.stats)
+            batched = vllm_config.scheduler_config.max_num_batched_tokens
+            step_blocks = -(-int(batched) // self.manifest.block_size)
+            self.worker_side = WorkerSide(
+                self.settings,
+                self.manifest,
+                kv_cache_config,
+                self.stats,
+                staging_prewarm_bytes=step_blocks * self.manifest.page_bytes,
+            )
 
     @property
     def requires_kv_delivery(self) -> bool:

@@ -18,6 +18,9 @@ Contract:
       vLLM calls before that step's forward; on a host KV cache its pages are read
       straight into the blocks (no staging, no scatter). Its failed blocks are returned
       by `get_block_ids_with_load_errors` in the same step, and vLLM recomputes them.
+    * After registration a background thread faults in `staging_prewarm_bytes` of
+      staging (one step's worth of pages), so the first save's in-step gather does not
+      pay for fresh memory.
     * Nothing here raises into the engine step: errors are logged and become failed
       blocks or dropped saves, counted in the stats.
     * A request with save jobs is reported in `finished_sending` once vLLM has told us it
@@ -96,8 +99,10 @@ class WorkerSide:
         *,
         rank: int | None = None,
         guard: MetadataGuard | None = None,
+        staging_prewarm_bytes: int = 0,
     ) -> None:
         self.config = config
+        self.staging_prewarm_bytes = staging_prewarm_bytes  # warmed after registration
         self.manifest = manifest
         self.namespace = manifest.namespace_id
         self.kv_cache_config = kv_cache_config
@@ -163,6 +168,10 @@ class WorkerSide:
             preallocate=storage.preallocate,
         )
         write_manifest(storage.path, self.manifest)
+        if self.staging_prewarm_bytes > 0:
+            threading.Thread(
+                target=self._prewarm_staging, name="hf3fsctl-prewarm", daemon=True
+            ).start()
         self.disabled = None
         self.ensure_registered()
         from hf3fsctl.staging import _ops
@@ -184,6 +193,22 @@ class WorkerSide:
             self.pool.capacity_bytes >> 20,
             " pinned" if self.pool.pinned else "",
             self.guard.url,
+        )
+
+    def _prewarm_staging(self) -> None:
+        """Fault in one step's worth of staging now, not in the first save's step."""
+        nbytes = min(self.staging_prewarm_bytes, self.pool.capacity_bytes)
+        started = time.monotonic()
+        try:
+            warmed = self.pool.prewarm(nbytes)
+        except Exception as exc:  # an optimisation only
+            logger.warning("staging prewarm of %d MiB failed: %s", nbytes >> 20, exc)
+            return
+        logger.debug(
+            "staging prewarm of %d MiB: %s in %.2f s",
+            nbytes >> 20,
+            "done" if warmed else "skipped (over capacity)",
+            time.monotonic() - started,
         )
 
     def ensure_registered(self) -> bool:

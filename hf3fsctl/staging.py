@@ -19,8 +19,10 @@ Contract:
       `python csrc/build.py`, never at import) and uses it where it supports the tensors'
       device, else the pure-torch path; it logs once which implementation is active.
     * `StagingPool` hands out uint8 host buffers up to a fixed byte budget, reuses freed
-      ones, pins them when CUDA is available, and counts what it does. It never allocates
-      past its capacity: `acquire` waits (with a timeout) or returns None.
+      ones (a larger cached one rather than fresh memory), pins them when CUDA is
+      available, and counts what it does. It never allocates past its capacity:
+      `acquire` waits (with a timeout) or returns None. `prewarm` faults one buffer in
+      ahead of use.
 
 Imports only torch and the standard library (runs on GPU nodes without the service's
 dependencies).
@@ -546,10 +548,42 @@ class StagingPool:
                     return None
                 self._cond.wait(remaining)
 
+    def prewarm(self, nbytes: int) -> bool:
+        """Allocate and touch one buffer of `nbytes` (its size class) and cache it.
+
+        Fresh host memory is faulted in page by page on first touch (a fraction of a
+        GB/s on some VMs); a buffer warmed at start-up keeps that cost out of the first
+        save or load. Safe to call from a background thread.
+
+        Returns:
+            True when the buffer was added (False: it does not fit the capacity).
+        """
+        size = _size_class(max(1, nbytes))
+        with self._cond:
+            if self._held + size > self.capacity_bytes:
+                return False
+            self._held += size  # reserved while it is being touched
+            self.allocations += 1
+        try:
+            block = torch.empty(size, dtype=torch.uint8, pin_memory=self.pinned)
+            block.fill_(0)  # fault every page in now
+        except Exception:
+            with self._cond:
+                self._held -= size
+            raise
+        with self._cond:
+            self._free.setdefault(size, []).append(block)
+            self._cond.notify_all()
+        return True
+
     def _take_locked(self, size: int) -> torch.Tensor | None:
         cached = self._free.get(size)
         if cached:
             return cached.pop()
+        # A larger cached buffer beats fresh memory (whose pages fault in on first use).
+        larger = [k for k, v in self._free.items() if v and k > size]
+        if larger:
+            return self._free[min(larger)].pop()
         # Drop cached buffers of other sizes until the new one fits.
         while self._held + size > self.capacity_bytes:
             victim = next((k for k, v in self._free.items() if v), None)

@@ -20,7 +20,7 @@ from helpers.connector_harness import (
     pattern,
     prompt_tokens,
 )
-from hf3fsctl_connector.metadata import Hf3fsctlConnectorMetadata, SaveJob
+from hf3fsctl_connector.metadata import Hf3fsctlConnectorMetadata, LoadJob, SaveJob
 from hf3fsctl_connector.namespace import build_manifest, load_settings
 from hf3fsctl_connector.service import MetadataGuard
 from hf3fsctl_connector.stats import StatsRecorder
@@ -116,3 +116,35 @@ def test_save_copies_blocks_before_the_step_returns(harness: Harness) -> None:
     assert location[0] is not None
     worker.engine.read_pages(worker.page_file, [location[0].page], [data.numpy()])
     assert torch.equal(data, pattern(key, worker.manifest.page_bytes))
+
+
+def _stored_prompt(harness: Harness, blocks: int) -> list[str]:
+    """Run a prompt of `blocks` full blocks (+1 token) and return its stored keys."""
+    request = make_request("cold", prompt_tokens(blocks * BLOCK_SIZE + 1), max_tokens=1)
+    harness.run(request)
+    assert hf3fsctl_connector.wait_for_saves(10)
+    return [bytes(h).hex() for h in request.block_hashes[:blocks]]
+
+
+def test_sync_load_reports_failed_blocks_in_the_same_step(harness: Harness) -> None:
+    keys = _stored_prompt(harness, 2)
+    worker = harness.worker.worker_side
+    missing = f"{7:032x}"
+    job = LoadJob("warm", [20, 21, 22], [*keys, missing], sync=True)
+    worker.start_load_kv(Hf3fsctlConnectorMetadata(loads=[job]))
+    errors = worker.get_block_ids_with_load_errors()
+    assert (errors, worker.get_finished(set())) == ({22}, (None, None))
+
+
+def test_sync_load_on_a_host_cache_fills_blocks_without_staging(harness: Harness) -> None:
+    keys = _stored_prompt(harness, 2)
+    worker = harness.worker.worker_side
+    acquires = worker.pool.acquires
+    job = LoadJob("warm", [30, 31], keys, sync=True)
+    worker.start_load_kv(Hf3fsctlConnectorMetadata(loads=[job]))
+    page_bytes = worker.manifest.page_bytes
+    filled = all(
+        torch.equal(harness.block_bytes(block), pattern(bytes.fromhex(key), page_bytes))
+        for block, key in zip(job.block_ids, keys, strict=True)
+    )
+    assert (filled, worker.pool.acquires - acquires) == (True, 0)

@@ -165,6 +165,21 @@ def test_pool_reuses_released_buffers() -> None:
     assert pool.counters()["allocations"] == 1
 
 
+def test_prewarmed_buffer_serves_a_smaller_acquire_without_allocating() -> None:
+    pool = StagingPool(1 << 20, pin=False)
+    assert pool.prewarm(256 * 1024)
+    lease = pool.acquire(3, 10_000)
+    assert lease is not None
+    assert (pool.counters()["allocations"], lease.nbytes) == (1, 256 * 1024)
+
+
+def test_prewarm_never_exceeds_capacity() -> None:
+    pool = StagingPool(64 * 1024, pin=False)
+    lease = pool.acquire(1, 32 * 1024)
+    assert lease is not None
+    assert (pool.prewarm(64 * 1024), pool.counters()["held_bytes"]) == (False, 32 * 1024)
+
+
 def test_pool_acquire_waits_for_a_release() -> None:
     pool = StagingPool(8192, pin=False)
     first = pool.acquire(1, 8192)
