@@ -229,6 +229,12 @@ def _delta(after: dict[str, Any] | None, before: dict[str, Any] | None) -> dict[
         prev = before.get(key)
         numeric = isinstance(value, (int, float)) and not isinstance(value, bool)
         out[key] = value - prev if numeric and isinstance(prev, (int, float)) else value
+    # Rates do not subtract: recompute them from the byte and second deltas.
+    for kind, done in (("load", "bytes_loaded"), ("save", "bytes_saved")):
+        seconds = out.get(f"{kind}_seconds")
+        if f"{kind}_gbps" in out and isinstance(seconds, (int, float)):
+            moved = out.get(done, 0)
+            out[f"{kind}_gbps"] = moved / seconds / 1e9 if seconds > 0 else 0.0
     return out
 
 
