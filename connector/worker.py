@@ -62,6 +62,9 @@ SAVE_THREADS = 2
 LOAD_THREADS = 2
 # A load that has not finished after this long is reported failed (its blocks recompute).
 LOAD_TIMEOUT_S = 60.0
+# How long a synchronous load (the engine step waits for it) waits for staging memory
+# held by saves before it gives up and its blocks are recomputed.
+SYNC_STAGING_WAIT_S = 1.0
 # How long shutdown waits for in-flight saves.
 SHUTDOWN_DRAIN_S = 30.0
 
@@ -349,7 +352,7 @@ class WorkerSide:
             elif not self._cuda:
                 failed, kind = run_load_direct(self, run)
             else:
-                failed, kind = run_load(self, run, LOAD_TIMEOUT_S / 2)
+                failed, kind = run_load(self, run, SYNC_STAGING_WAIT_S)
         except Exception:
             logger.exception("load of request %s failed", run.job.req_id)
         self._load_ended(run, failed, kind)

@@ -7,6 +7,7 @@ one invariant of the scheduler/worker contract.
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -228,6 +229,26 @@ def test_dead_metadata_service_serves_misses_without_hanging(
     )
     misses = hf3fsctl_connector.process_totals()["misses"] - before
     assert (misses, _loads(harness), time.monotonic() - started < 10) == (2, [], True)
+
+
+def test_silent_metadata_service_costs_a_step_at_most_the_lookup_wait(
+    harnesses: list[Harness], tiny_model_dir: Path, store: Path
+) -> None:
+    with socket.socket() as silent:  # accepts connections (kernel backlog), never answers
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(16)
+        extra = {
+            "metadata.url": f"http://127.0.0.1:{silent.getsockname()[1]}",
+            "metadata.timeout_s": 0.5,
+            "metadata.retry_backoff_s": 60,
+            "connector.lookup_wait_ms": 20,
+        }
+        harness = _new(harnesses, tiny_model_dir, store, extra=extra)
+        request = make_request("a", prompt_tokens(2 * BLOCK_SIZE + 1))
+        started = time.monotonic()
+        answer = harness.connector.get_num_new_matched_tokens(request, 0)
+        elapsed = time.monotonic() - started
+    assert (answer, elapsed < 0.2) == ((None, False), True)
 
 
 def test_load_failure_policy_other_than_recompute_is_warned(
