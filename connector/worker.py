@@ -359,10 +359,17 @@ class WorkerSide:
 
     def scatter_ready(self, block_ids: list[int], src: torch.Tensor) -> None:
         """Scatter staged pages into the KV cache and wait until they are in place."""
-        from hf3fsctl.staging import scatter_blocks
+        from hf3fsctl.staging import page_pieces, scatter_blocks
 
         if not self._cuda:
-            scatter_blocks(self.segments, block_ids, src)
+            # One memcpy per (block, layer) range: ~6x faster on CPU than torch's
+            # index_copy_ over the strided blocks view (16 vs 100 ms for 124 MiB).
+            rows = src.numpy()
+            for row, pieces in zip(rows, page_pieces(self.segments, block_ids), strict=True):
+                page, position = memoryview(row), 0
+                for piece in pieces:
+                    piece[:] = page[position : position + len(piece)]
+                    position += len(piece)
             return
         with torch.cuda.stream(self._load_stream):
             scatter_blocks(self.segments, block_ids, src)
