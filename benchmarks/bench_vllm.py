@@ -17,7 +17,7 @@ unrelated warm-up request in the same process. Medians over `--repeats`. Prints 
 table and the ratios (warm/cold, ours/peer warm, write-run overhead), or one JSON
 document with `--json`.
 
-Run: `python benchmarks/bench_vllm.py [--repeats 3] [--prompt-tokens 4000] [--json]`.
+Run: `python benchmarks/bench_vllm.py [--repeats 3] [--prompt-tokens 4000] [--json PATH]`.
 """
 
 from __future__ import annotations
@@ -243,7 +243,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--warmup-tokens", type=int, default=512)
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds per engine run")
     parser.add_argument("--configs", nargs="+", choices=CONFIGS, default=list(CONFIGS))
-    parser.add_argument("--json", action="store_true", help="one JSON document on stdout")
+    parser.add_argument(
+        "--json",
+        metavar="PATH",
+        nargs="?",
+        const="-",
+        help="also write one JSON document to PATH (alone or '-': only the JSON, on stdout)",
+    )
     args = parser.parse_args(argv)
     sys.path.insert(0, str(ROOT))  # hf3fsctl.tiny_model from a plain checkout too
     runner = load_runner()
@@ -254,10 +260,13 @@ def main(argv: list[str] | None = None) -> None:
 
     summary = summarize(args, measure(args, runner, log))
     summary["bench_wall_s"] = time.perf_counter() - started
+    document = json.dumps(summary, indent=2)
+    if args.json == "-":
+        print(document)
+        return
+    print_table(summary)
     if args.json:
-        print(json.dumps(summary, indent=2))
-    else:
-        print_table(summary)
+        Path(args.json).write_text(document + "\n")
 
 
 if __name__ == "__main__":
