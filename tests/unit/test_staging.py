@@ -6,6 +6,7 @@ import threading
 
 import pytest
 import torch
+from helpers.staging_builders import GEOMETRY_FIELDS, make_segment, twin
 
 from hf3fsctl.staging import (
     KVSegment,
@@ -28,26 +29,6 @@ GEOMETRIES = [
 GEOMETRY_IDS = [f"{g[3]}-L{g[0]}-B{g[1]}-P{g[2]}" for g in GEOMETRIES]
 
 
-def _segment(
-    num_layers: int, num_blocks: int, page: int, layout: str, device: str = "cpu", offset: int = 0
-) -> KVSegment:
-    if layout == "layer_outer":
-        block_stride, layer_stride = page, page * num_blocks
-    elif layout == "block_outer":
-        layer_stride, block_stride = page, page * num_layers
-    else:  # padded: gaps between blocks and between layers
-        block_stride = page + 16
-        layer_stride = block_stride * num_blocks + 64
-    size = offset + (num_layers - 1) * layer_stride + (num_blocks - 1) * block_stride + page
-    generator = torch.Generator().manual_seed(num_layers * 1000 + num_blocks * 10 + page)
-    data = torch.randint(0, 256, (size + 32,), dtype=torch.uint8, generator=generator)
-    segment = KVSegment(
-        data.to(device), offset, layer_stride, block_stride, num_layers, num_blocks, page
-    )
-    segment.check()
-    return segment
-
-
 BLOCK_LISTS = [[0], [3, 1, 4], [5, 0, 2, 7], []]
 BLOCK_IDS = ["one", "unsorted", "non_contiguous", "empty"]
 
@@ -55,7 +36,7 @@ BLOCK_IDS = ["one", "unsorted", "non_contiguous", "empty"]
 @pytest.mark.parametrize("geometry", GEOMETRIES, ids=GEOMETRY_IDS)
 @pytest.mark.parametrize("blocks", BLOCK_LISTS, ids=BLOCK_IDS)
 def test_gather_matches_loop_oracle(geometry: tuple[int, int, int, str], blocks: list[int]) -> None:
-    seg = _segment(*geometry, offset=8)
+    seg = make_segment(*geometry, offset=8)
     blocks = [b for b in blocks if b < seg.num_blocks]
     out = torch.zeros(len(blocks), seg.page_bytes, dtype=torch.uint8)
     expected = torch.zeros_like(out)
@@ -66,23 +47,13 @@ def test_gather_matches_loop_oracle(geometry: tuple[int, int, int, str], blocks:
 
 @pytest.mark.parametrize("geometry", GEOMETRIES, ids=GEOMETRY_IDS)
 def test_scatter_matches_loop_oracle(geometry: tuple[int, int, int, str]) -> None:
-    seg = _segment(*geometry)
-    twin = KVSegment(seg.buffer.clone(), *[getattr(seg, f) for f in _GEOMETRY_FIELDS])
+    seg = make_segment(*geometry)
+    copy = twin(seg)
     blocks = [b for b in (4, 0, 2) if b < seg.num_blocks]
     src = torch.randint(0, 256, (len(blocks), seg.page_bytes), dtype=torch.uint8)
     scatter_blocks([seg], blocks, src)
-    scatter_blocks_reference([twin], blocks, src)
-    assert torch.equal(seg.buffer, twin.buffer)
-
-
-_GEOMETRY_FIELDS = (
-    "offset",
-    "layer_stride",
-    "block_stride",
-    "num_layers",
-    "num_blocks",
-    "page_size",
-)
+    scatter_blocks_reference([copy], blocks, src)
+    assert torch.equal(seg.buffer, copy.buffer)
 
 
 def _page_mask(seg: KVSegment, blocks: list[int]) -> torch.Tensor:
@@ -96,7 +67,7 @@ def _page_mask(seg: KVSegment, blocks: list[int]) -> torch.Tensor:
 
 @pytest.mark.parametrize("geometry", GEOMETRIES, ids=GEOMETRY_IDS)
 def test_scatter_leaves_untouched_blocks_untouched(geometry: tuple[int, int, int, str]) -> None:
-    seg = _segment(*geometry)
+    seg = make_segment(*geometry)
     before = seg.buffer.clone()
     blocks = [1, 3] if seg.num_blocks > 3 else [1]
     scatter_blocks([seg], blocks, torch.zeros(len(blocks), seg.page_bytes, dtype=torch.uint8))
@@ -105,7 +76,7 @@ def test_scatter_leaves_untouched_blocks_untouched(geometry: tuple[int, int, int
 
 
 def test_round_trip_between_two_caches_restores_pages() -> None:
-    source, target = _segment(2, 12, 64, "layer_outer"), _segment(2, 12, 64, "padded")
+    source, target = make_segment(2, 12, 64, "layer_outer"), make_segment(2, 12, 64, "padded")
     pages = torch.empty(3, source.page_bytes, dtype=torch.uint8)
     gather_blocks([source], [9, 2, 5], pages)
     scatter_blocks([target], [0, 1, 11], pages)
@@ -129,7 +100,7 @@ def test_gather_over_typed_kv_tensor_copies_its_bytes(dtype: torch.dtype) -> Non
 
 
 def test_two_segments_concatenate_in_segment_order() -> None:
-    first, second = _segment(2, 8, 32, "layer_outer"), _segment(1, 8, 64, "block_outer")
+    first, second = make_segment(2, 8, 32, "layer_outer"), make_segment(1, 8, 64, "block_outer")
     out = torch.empty(2, total_page_bytes([first, second]), dtype=torch.uint8)
     expected = torch.empty_like(out)
     gather_blocks([first, second], [6, 3], out)
@@ -138,7 +109,7 @@ def test_two_segments_concatenate_in_segment_order() -> None:
 
 
 def test_gather_rejects_wrongly_shaped_out() -> None:
-    seg = _segment(2, 8, 32, "layer_outer")
+    seg = make_segment(2, 8, 32, "layer_outer")
     with pytest.raises(ValueError, match="uint8"):
         gather_blocks([seg], [1, 2], torch.empty(2, seg.page_bytes + 1, dtype=torch.uint8))
 
@@ -201,8 +172,8 @@ def test_pool_rows_are_views_of_the_buffer() -> None:
 @pytest.mark.gpu
 @pytest.mark.parametrize("geometry", GEOMETRIES, ids=GEOMETRY_IDS)
 def test_cuda_gather_to_host_matches_loop_oracle(geometry: tuple[int, int, int, str]) -> None:
-    seg = _segment(*geometry, device="cuda")
-    cpu_seg = KVSegment(seg.buffer.cpu(), *[getattr(seg, f) for f in _GEOMETRY_FIELDS])
+    seg = make_segment(*geometry, device="cuda")
+    cpu_seg = twin(seg)
     blocks = [b for b in (5, 0, 2) if b < seg.num_blocks]
     out = torch.zeros(len(blocks), seg.page_bytes, dtype=torch.uint8).pin_memory()
     expected = torch.zeros_like(out)
@@ -217,12 +188,12 @@ def test_cuda_gather_to_host_matches_loop_oracle(geometry: tuple[int, int, int, 
 def test_cuda_scatter_leaves_untouched_blocks_untouched(
     geometry: tuple[int, int, int, str],
 ) -> None:
-    seg = _segment(*geometry, device="cuda")
+    seg = make_segment(*geometry, device="cuda")
     before = seg.buffer.cpu()
     blocks = [1, 3] if seg.num_blocks > 3 else [1]
     src = torch.randint(0, 256, (len(blocks), seg.page_bytes), dtype=torch.uint8)
     scatter_blocks([seg], blocks, src.pin_memory())
     torch.cuda.synchronize()
-    cpu_seg = KVSegment(before.clone(), *[getattr(seg, f) for f in _GEOMETRY_FIELDS])
+    cpu_seg = KVSegment(before.clone(), *[getattr(seg, f) for f in GEOMETRY_FIELDS])
     scatter_blocks_reference([cpu_seg], blocks, src)
     assert torch.equal(seg.buffer.cpu(), cpu_seg.buffer)
