@@ -22,6 +22,11 @@ Contract of the data-path calls (the store enforces it; both clients pass it thr
   exact (key, page) the writer was allocated. Returns how many committed.
 - `release(ns, rank, allocations)` → a writer gives up pending allocations (only the
   exact (key, page) pairs it holds); returns how many released.
+- `invalidate(ns, rank, items)` → a reader found these committed pages corrupt
+  (`Location`s or `(key, page, checksum)`): each key whose entry on `rank` still has
+  that exact page and checksum is dropped on every rank (pages freed honouring read
+  leases); a key re-saved since is left alone. Returns how many keys were dropped;
+  idempotent.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ from hf3fsctl.meta.models import (
     EntryInfo,
     EvictRequest,
     EvictResult,
+    InvalidateItem,
     Location,
     NamespaceInfo,
     RankFile,
@@ -89,6 +95,15 @@ class MetadataClient(Protocol):
 
     def release(self, namespace: str, rank: int, allocations: Sequence[Allocation]) -> int:
         """Give back pending allocations; returns how many were released."""
+        ...
+
+    def invalidate(
+        self,
+        namespace: str,
+        rank: int,
+        items: Sequence[Location | InvalidateItem | tuple[str, int, str]],
+    ) -> int:
+        """Drop keys whose page on `rank` was found corrupt; returns how many were dropped."""
         ...
 
     def evict(self, request: EvictRequest) -> EvictResult:

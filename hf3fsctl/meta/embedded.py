@@ -19,6 +19,7 @@ from hf3fsctl.meta.models import (
     EntryInfo,
     EvictRequest,
     EvictResult,
+    InvalidateItem,
     Location,
     NamespaceInfo,
     RankFile,
@@ -97,6 +98,15 @@ class EmbeddedMetadataClient:
     def release(self, namespace: str, rank: int, allocations: Sequence[Allocation]) -> int:
         """Give back pending allocations; returns how many were released."""
         return self.store.release(namespace, rank, allocations)
+
+    def invalidate(
+        self,
+        namespace: str,
+        rank: int,
+        items: Sequence[Location | InvalidateItem | tuple[str, int, str]],
+    ) -> int:
+        """Drop keys whose page on `rank` was found corrupt; returns how many were dropped."""
+        return self.store.invalidate(namespace, rank, items)
 
     def evict(self, request: EvictRequest) -> EvictResult:
         """Evict entries by the request's criteria."""

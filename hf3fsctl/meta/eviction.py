@@ -5,6 +5,9 @@ Rules (DESIGN decision 5):
 - A key is evicted on every rank at once: a key missing on one rank is useless.
 - Pending entries are never evicted (a writer holds them); an expired pending entry
   (its writer's deadline passed) is reclaimed instead.
+- A page a reader proved corrupt (`invalidate`) drops its key on every rank, but only
+  while the reported rank still holds that exact page and checksum: a key re-saved
+  since under a new page is never dropped by a stale report.
 - On the allocate path, least-recently-used keys go first, and among equally old keys
   the chain tails (greatest depth) before their heads; keys under a read lease are
   skipped. Admin eviction may take leased keys, but their pages only become reusable
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 import sqlite3
 from collections import defaultdict
+from collections.abc import Sequence
 
 from hf3fsctl.meta.models import EvictRequest, EvictResult
 
@@ -26,10 +30,14 @@ _BATCH = 256
 def _drop_key(
     conn: sqlite3.Connection, namespace: str, key: str, now: float
 ) -> list[tuple[int, int]]:
-    """Delete a key on every rank; pages go to the free list. Returns (rank, page) pairs."""
+    """Delete a key's committed entries on every rank; pages go to the free list.
+
+    Pending entries stay (their writer owns the page). A page under a read lease becomes
+    reusable only when the lease ends. Returns the freed (rank, page) pairs.
+    """
     rows = conn.execute(
         "DELETE FROM entries INDEXED BY entries_by_key WHERE namespace = ? AND key = ?"
-        " RETURNING rank, page, lease_until",
+        " AND state = 1 RETURNING rank, page, lease_until",
         (namespace, key),
     ).fetchall()
     conn.executemany(
@@ -102,6 +110,35 @@ def evict_for_allocation(
             evicted += 1
     _apply_used(conn, freed)
     return evicted
+
+
+def invalidate_pages(
+    conn: sqlite3.Connection,
+    namespace: str,
+    rank: int,
+    items: Sequence[tuple[str, int, str]],
+    now: float,
+) -> int:
+    """Drop every key whose committed entry on `rank` is still the reported (page, checksum).
+
+    The key goes on every rank at once (`_drop_key`); a key re-saved since under another
+    page or checksum, or already gone, is left alone. Returns how many keys were dropped.
+    """
+    freed: dict[tuple[str, int], int] = defaultdict(int)
+    dropped = 0
+    for key, page, checksum in items:
+        still = conn.execute(
+            "SELECT 1 FROM entries WHERE namespace = ? AND rank = ? AND page = ? AND key = ?"
+            " AND checksum = ? AND state = 1",
+            (namespace, rank, page, key, checksum),
+        ).fetchone()
+        if still is None:
+            continue
+        for freed_rank, _ in _drop_key(conn, namespace, key, now):
+            freed[(namespace, freed_rank)] += 1
+        dropped += 1
+    _apply_used(conn, freed)
+    return dropped
 
 
 def evict_entries(conn: sqlite3.Connection, request: EvictRequest, now: float) -> EvictResult:

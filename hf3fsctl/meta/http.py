@@ -7,7 +7,7 @@
   that are never retried do not fail on a stale connection.
 - A deadline of `timeout_s` on every call, retries included: it bounds the connect and
   every socket read and write.
-- Idempotent calls (lookup, locate, register_*, get/list, stats, health) are retried
+- Idempotent calls (lookup, locate, invalidate, register_*, get/list, stats, health) are retried
   twice with a short backoff on connection errors, timeouts and 5xx, while the deadline
   allows. allocate/commit/release/evict are sent once: a lost answer is a
   `MetadataUnavailable`, never a silent second allocation.
@@ -50,12 +50,14 @@ from hf3fsctl.meta.models import (
     EntryInfo,
     EvictRequest,
     EvictResult,
+    InvalidateItem,
     LocateResponse,
     Location,
     LookupResponse,
     NamespaceInfo,
     RankFile,
     StoreStats,
+    page_triples,
 )
 
 logger = logging.getLogger(__name__)
@@ -277,6 +279,25 @@ class HttpMetadataClient:
             }
         )
         return self._post("/v1/release", body, CountResponse, False).count
+
+    def invalidate(
+        self,
+        namespace: str,
+        rank: int,
+        items: Sequence[Location | InvalidateItem | tuple[str, int, str]],
+    ) -> int:
+        """Drop keys whose page on `rank` was found corrupt (idempotent: retried)."""
+        body = self._dumps(
+            {
+                "namespace": namespace,
+                "rank": rank,
+                "items": [
+                    {"key": key, "page": page, "checksum": checksum}
+                    for key, page, checksum in page_triples(items)
+                ],
+            }
+        )
+        return self._post("/v1/invalidate", body, CountResponse, True).count
 
     def evict(self, request: EvictRequest) -> EvictResult:
         """Evict entries by the request's criteria (not retried)."""

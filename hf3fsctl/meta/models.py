@@ -8,6 +8,7 @@ bodies (`*Request`) are what the HTTP routes accept. Keys are lower-case hex blo
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -79,6 +80,23 @@ class CommitItem(_Model):
     page: Page
     checksum: str = Field(min_length=1, max_length=64)
     size: int = Field(ge=0)
+
+
+class InvalidateItem(_Model):
+    """A committed page a reader found corrupt: drop its key if the page is still this one."""
+
+    key: Key
+    page: Page
+    checksum: str = Field(min_length=1, max_length=64)
+
+
+def page_triples(
+    items: Sequence[Location | InvalidateItem | tuple[str, int, str]],
+) -> list[tuple[str, int, str]]:
+    """`(key, page, checksum)` of each item of an `invalidate` call."""
+    return [
+        item if isinstance(item, tuple) else (item.key, item.page, item.checksum) for item in items
+    ]
 
 
 # --- admin ------------------------------------------------------------------------
@@ -202,6 +220,12 @@ class ReleaseRequest(_Model):
     namespace: NamespaceId
     rank: Rank
     allocations: list[Allocation]
+
+
+class InvalidateRequest(_Model):
+    namespace: NamespaceId
+    rank: Rank
+    items: list[InvalidateItem]
 
 
 class CountResponse(_Model):

@@ -9,6 +9,7 @@ Routes (bodies are the `*Request` models of `meta/models.py`; answers are JSON m
 | `POST /v1/namespaces`, `GET /v1/namespaces`, `GET /v1/namespaces/{id}` | namespaces |
 | `POST /v1/ranks` | register a rank file |
 | `POST /v1/lookup`, `/v1/locate`, `/v1/allocate`, `/v1/commit`, `/v1/release` | data path |
+| `POST /v1/invalidate` | drop keys whose pages a reader found corrupt |
 | `POST /v1/evict`, `GET /v1/stats`, `GET /v1/entries` | admin |
 
 Auth: when a token is configured, every `/v1` route and `/metrics` need
@@ -27,7 +28,8 @@ layer of `meta/data_routes.py` (same bodies, answers, auth and errors; no FastAP
 routing or encoding), on the event loop: each is a short SQLite transaction, the server
 is normally the database's only writer, and a thread-pool hop cost more than the call.
 Admin routes (stats, evict, entries, namespaces) are FastAPI `def`s in the thread pool,
-as they may scan the whole database.
+as they may scan the whole database; so is `invalidate`, called only when a load found
+corrupt pages.
 """
 
 from __future__ import annotations
@@ -57,8 +59,10 @@ from hf3fsctl.errors import (
 )
 from hf3fsctl.meta.data_routes import BatchTooLarge, DataRoutes
 from hf3fsctl.meta.models import (
+    CountResponse,
     ErrorResponse,
     EvictRequest,
+    InvalidateRequest,
     RegisterNamespaceRequest,
     RegisterRankRequest,
 )
@@ -214,6 +218,11 @@ def create_app(
     @app.post("/v1/ranks", dependencies=auth)
     def register_rank(body: RegisterRankRequest) -> Response:
         return reply(store.register_rank(body.namespace, body.rank_file))
+
+    @app.post("/v1/invalidate", dependencies=auth)
+    def invalidate(body: InvalidateRequest) -> Response:
+        check_batch(len(body.items))
+        return reply(CountResponse(count=store.invalidate(body.namespace, body.rank, body.items)))
 
     @app.post("/v1/evict", dependencies=auth)
     def evict(body: EvictRequest) -> Response:

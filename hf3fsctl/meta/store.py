@@ -11,6 +11,8 @@ Contract (DESIGN decisions 4–5; the `MetadataClient` protocol in `meta/client.
   OS crash can drop the last transactions; `durable=True` selects `synchronous=FULL`
   for that too. A crash never leaves a page owned twice: ownership moves only inside
   transactions, and `entries (namespace, rank, page)` is a unique index.
+- `invalidate` drops keys a reader proved corrupt (exact page and checksum only, every
+  rank at once, leases honoured), so no later request is offered them again.
 - Pages: each rank file hands out pages from a high-water counter (`next_unused`) and
   a free list; a page freed while a read lease holds it is reusable only once the lease
   ends. Allocation above `high_watermark` evicts least-recently-used keys (chain tails
@@ -45,7 +47,12 @@ from hf3fsctl.keys import check_key, check_namespace_id
 from hf3fsctl.meta import namespaces, schema
 from hf3fsctl.meta.checkpointer import WalCheckpointer
 from hf3fsctl.meta.committed_index import CommittedIndex, prune_changes
-from hf3fsctl.meta.eviction import evict_entries, evict_for_allocation, reclaim_expired
+from hf3fsctl.meta.eviction import (
+    evict_entries,
+    evict_for_allocation,
+    invalidate_pages,
+    reclaim_expired,
+)
 from hf3fsctl.meta.models import (
     AllocateResult,
     Allocation,
@@ -53,11 +60,13 @@ from hf3fsctl.meta.models import (
     EntryInfo,
     EvictRequest,
     EvictResult,
+    InvalidateItem,
     Location,
     NamespaceInfo,
     NamespaceStats,
     RankFile,
     StoreStats,
+    page_triples,
 )
 from hf3fsctl.meta.writer_lock import WriterLock
 
@@ -584,6 +593,36 @@ class MetadataStore:
                     (released, namespace, rank),
                 )
         return released
+
+    def invalidate(
+        self,
+        namespace: str,
+        rank: int,
+        items: Sequence[Location | InvalidateItem | tuple[str, int, str]],
+    ) -> int:
+        """Drop keys whose committed page on `rank` a reader found corrupt.
+
+        A key is dropped on every rank, and only while `rank` still holds exactly the
+        reported (page, checksum); pages are freed honouring read leases. Idempotent.
+        Returns how many keys were dropped.
+        """
+        triples = page_triples(items)
+        check_keys([key for key, _, _ in triples])
+        if any(page < 0 for _, page, _ in triples):
+            raise InvalidRequest("pages must be >= 0")
+        if not triples:
+            return 0
+        with self._write() as conn:
+            self._rank_file(conn, namespace, rank)
+            dropped = invalidate_pages(conn, namespace, rank, triples, time.time())
+        if dropped:
+            logger.warning(
+                "dropped %d keys of namespace %s: corrupt pages on rank %d",
+                dropped,
+                namespace,
+                rank,
+            )
+        return dropped
 
     # --- admin -------------------------------------------------------------------------
 

@@ -34,6 +34,14 @@ def test_data_path_round_trip(client: HttpMetadataClient) -> None:
     assert client.allocate(ns, 0, keys(4)).existing == keys(4)
 
 
+def test_invalidate_drops_the_key_and_is_safe_to_repeat(client: HttpMetadataClient) -> None:
+    ns = register(client, num_pages=20)
+    store_keys(client, ns, keys(2))
+    located = [loc for loc in client.locate(ns, 0, keys(1)) if loc is not None]
+    counts = [client.invalidate(ns, 0, located), client.invalidate(ns, 0, located)]
+    assert (counts, client.lookup(ns, keys(2))) == ([1, 0], 0)
+
+
 def test_admin_calls(client: HttpMetadataClient) -> None:
     ns = register(client, num_pages=20)
     store_keys(client, ns, keys(3))

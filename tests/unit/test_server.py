@@ -58,6 +58,7 @@ ROUTES = [
     ("post", "/v1/allocate"),
     ("post", "/v1/commit"),
     ("post", "/v1/release"),
+    ("post", "/v1/invalidate"),
     ("post", "/v1/evict"),
     ("get", "/v1/stats"),
     ("get", "/v1/entries"),
@@ -122,6 +123,38 @@ def test_release_returns_count(client: TestClient) -> None:
     allocated = client.post("/v1/allocate", json=body, headers=AUTH).json()["allocated"]
     body = {"namespace": ns, "rank": 0, "allocations": allocated}
     assert client.post("/v1/release", json=body, headers=AUTH).json() == {"count": 2}
+
+
+def _invalidate(client: TestClient, ns: str, items: list[dict[str, Any]]) -> Any:
+    body = {"namespace": ns, "rank": 0, "items": items}
+    return client.post("/v1/invalidate", json=body, headers=AUTH)
+
+
+def test_invalidate_drops_the_reported_key(client: TestClient) -> None:
+    ns = _register(client)
+    chain = keys(2)
+    stored = _store(client, ns, chain)
+    item = {**stored[0], "checksum": checksum(stored[0]["key"], stored[0]["page"])}
+    count = _invalidate(client, ns, [item]).json()["count"]
+    lookup = client.post("/v1/lookup", json={"namespace": ns, "keys": chain}, headers=AUTH)
+    assert (count, lookup.json()["hits"]) == (1, 0)
+
+
+BAD_INVALIDATE_ITEMS = {
+    "missing-checksum": ({"key": keys(1)[0], "page": 0}, "checksum"),
+    "negative-page": ({"key": keys(1)[0], "page": -1, "checksum": "ab"}, "page"),
+    "bad-key": ({"key": "XYZ", "page": 0, "checksum": "ab"}, "key"),
+}
+
+
+@pytest.mark.parametrize(
+    ("item", "reason"), list(BAD_INVALIDATE_ITEMS.values()), ids=list(BAD_INVALIDATE_ITEMS)
+)
+def test_bad_invalidate_body_is_422_with_reason(
+    client: TestClient, item: dict[str, Any], reason: str
+) -> None:
+    response = _invalidate(client, _register(client), [item])
+    assert (response.status_code, reason in response.json()["detail"]) == (422, True)
 
 
 def test_evict_dry_run(client: TestClient) -> None:
