@@ -11,6 +11,10 @@ Contract:
       its timeout never scatters.
     * `run_load_direct` (synchronous loads into a host KV cache): locate → read each
       page straight into its block's byte ranges, verified there. Returns the same.
+    * Both loads hand the pages that failed their checksum to
+      `WorkerSide.report_corrupt`, which has the store forget them (`invalidate`) so no
+      later request is offered them: inline on an asynchronous load's thread, on a
+      background thread for a synchronous load (no metadata round trip in the step).
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from hf3fsctl.errors import Hf3fsctlError, MetadataUnavailable
-from hf3fsctl.meta.models import Allocation, CommitItem
+from hf3fsctl.meta.models import Allocation, CommitItem, Location
 from hf3fsctl.staging import StagingBuffer
 from hf3fsctl.storage.engine import ERROR_CHECKSUM
 
@@ -125,6 +129,16 @@ def _failure_kind(error: str | None) -> str:
     return "checksum" if error == ERROR_CHECKSUM else "io"
 
 
+def invalidate_corrupt(worker: WorkerSide, pages: list[Location]) -> None:
+    """Have the store drop the keys of `pages` (failed their checksum); best effort."""
+    try:
+        count = worker.guard.call(lambda c: c.invalidate(worker.namespace, worker.rank, pages))
+    except Exception as exc:  # the page fails again on the next load and is reported again
+        logger.warning("could not invalidate %d corrupt pages: %s", len(pages), exc)
+        return
+    worker.stats.add(invalidated=count)
+
+
 def run_load_direct(worker: WorkerSide, run: LoadRun) -> tuple[set[int], str]:
     """Read `run.job`'s pages straight into its blocks of a host KV cache (no staging).
 
@@ -159,10 +173,14 @@ def run_load_direct(worker: WorkerSide, run: LoadRun) -> tuple[set[int], str]:
         page_pieces(worker.segments, [job.block_ids[i] for i, _ in wanted]),
         expected=[loc.checksum for _, loc in wanted],
     )
-    for (i, _), outcome in zip(wanted, results, strict=True):
+    corrupt: list[Location] = []
+    for (i, loc), outcome in zip(wanted, results, strict=True):
         if not outcome.ok:
             failed.add(job.block_ids[i])
             kind = kind or _failure_kind(outcome.error)
+            if outcome.error == ERROR_CHECKSUM:
+                corrupt.append(loc)
+    worker.report_corrupt(corrupt, background=job.sync)
     return failed, kind or "error"
 
 
@@ -196,12 +214,16 @@ def run_load(worker: WorkerSide, run: LoadRun, acquire_timeout_s: float) -> tupl
             expected=[loc.checksum for _, loc in wanted],
         )
         good: list[int] = []
-        for (i, _), outcome in zip(wanted, results, strict=True):
+        corrupt: list[Location] = []
+        for (i, loc), outcome in zip(wanted, results, strict=True):
             if outcome.ok:
                 good.append(i)
             else:
                 failed.add(job.block_ids[i])
                 kind = kind or _failure_kind(outcome.error)
+                if outcome.error == ERROR_CHECKSUM:
+                    corrupt.append(loc)
+        worker.report_corrupt(corrupt, background=job.sync)
         failed |= {job.block_ids[i] for i, loc in enumerate(locations) if loc and i not in good}
         with run.lock:
             if run.cancelled:

@@ -42,6 +42,7 @@ COUNTERS = (
     "save_seconds",
     "save_existing",  # blocks another writer had already stored
     "save_dropped",  # blocks not saved (pool full, service down, no space, I/O)
+    "invalidated",  # keys dropped from the store because a load found them corrupt
 )
 FAILURE_KINDS = (
     "not_found",

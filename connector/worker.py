@@ -18,6 +18,8 @@ Contract:
       vLLM calls before that step's forward; on a host KV cache its pages are read
       straight into the blocks (no staging, no scatter). Its failed blocks are returned
       by `get_block_ids_with_load_errors` in the same step, and vLLM recomputes them.
+    * Pages a load found corrupt are dropped from the store (`report_corrupt`), off the
+      engine step; `drain` (and so `wait_for_saves`) also waits for those calls.
     * After registration a background thread faults in `staging_prewarm_bytes` of
       staging (one step's worth of pages), so the first save's in-step gather does not
       pay for fresh memory.
@@ -41,13 +43,13 @@ import torch
 from hf3fsctl.config import Config
 from hf3fsctl.errors import ConfigError, Hf3fsctlError, NamespaceConflict
 from hf3fsctl.keys import NamespaceManifest
-from hf3fsctl.meta.models import RankFile
+from hf3fsctl.meta.models import Location, RankFile
 from hf3fsctl.staging import KVSegment, StagingPool, gather_blocks, total_page_bytes
 from hf3fsctl.storage.engine import IOEngine, open_engine
 from hf3fsctl.storage.layout import PageFile, write_manifest
 
 from .geometry import kv_segments
-from .jobs import LoadRun, run_load, run_load_direct, run_save
+from .jobs import LoadRun, invalidate_corrupt, run_load, run_load_direct, run_save
 from .metadata import Hf3fsctlConnectorMetadata
 from .namespace import kv_group
 from .service import MetadataGuard
@@ -72,7 +74,7 @@ _LIVE_WORKERS: weakref.WeakSet[WorkerSide] = weakref.WeakSet()
 
 
 def wait_for_saves(timeout_s: float = 30.0) -> bool:
-    """Wait until every worker side in this process has no save in flight.
+    """Wait until every worker side in this process has no save (or invalidation) in flight.
 
     Returns:
         True when all saves ended within the timeout.
@@ -131,6 +133,7 @@ class WorkerSide:
         self._loads: dict[str, LoadRun] = {}  # load jobs in flight
         self._done_loads: dict[str, set[int]] = {}  # ended loads → failed block ids
         self._load_errors: set[int] = set()  # failed block ids not yet reported
+        self._invalidating = 0  # background invalidate calls in flight
         _LIVE_WORKERS.add(self)
 
     # --- start-up ------------------------------------------------------------------
@@ -375,6 +378,38 @@ class WorkerSide:
             scatter_blocks(self.segments, block_ids, src)
         self._load_stream.synchronize()
 
+    def report_corrupt(self, pages: list[Location], *, background: bool) -> None:
+        """Have the store forget `pages` (they failed their checksum); never raises.
+
+        Args:
+            pages: the located pages that failed verification.
+            background: run the metadata call on a load thread (for synchronous loads,
+                whose engine step must not wait for it); else call it here.
+        """
+        if not pages:
+            return
+        if not background:
+            invalidate_corrupt(self, pages)
+            return
+        with self._lock:
+            self._invalidating += 1
+        try:
+            self._load_pool.submit(self._invalidate_job, pages)
+        except Exception as exc:  # pool shut down: best effort
+            logger.warning("cannot invalidate %d corrupt pages: %s", len(pages), exc)
+            self._invalidate_ended()
+
+    def _invalidate_job(self, pages: list[Location]) -> None:
+        try:
+            invalidate_corrupt(self, pages)
+        finally:
+            self._invalidate_ended()
+
+    def _invalidate_ended(self) -> None:
+        with self._lock:
+            self._invalidating -= 1
+            self._lock.notify_all()
+
     def _load_ended(self, run: LoadRun, failed: set[int], kind: str) -> None:
         with run.lock:
             if run.reported:
@@ -439,10 +474,10 @@ class WorkerSide:
         return errors
 
     def drain(self, timeout_s: float) -> bool:
-        """Wait until no save is in flight; True if that happened within the timeout."""
+        """Wait until no save (or invalidation) is in flight; True if within the timeout."""
         deadline = time.monotonic() + timeout_s
         with self._lock:
-            while self._outstanding:
+            while self._outstanding or self._invalidating:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     return False

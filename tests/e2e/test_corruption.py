@@ -1,4 +1,5 @@
-"""Stored pages overwritten on disk: checksums catch it, vLLM recomputes, output holds."""
+"""Stored pages overwritten on disk: checksums catch it, the store drops them, vLLM
+recomputes, output holds."""
 
 from __future__ import annotations
 
@@ -30,6 +31,11 @@ def test_corrupted_pages_do_not_change_outputs(
 def test_corrupted_pages_are_counted_as_checksum_failures(corrupted_run: EngineResult) -> None:
     assert corrupted_run.connector is not None
     assert corrupted_run.connector["failed_checksum"] > 0
+
+
+def test_corrupted_pages_are_dropped_from_the_store(corrupted_run: EngineResult) -> None:
+    assert corrupted_run.connector is not None
+    assert corrupted_run.connector["invalidated"] > 0
 
 
 def test_corrupted_pages_end_no_request_in_error(corrupted_run: EngineResult) -> None:

@@ -148,3 +148,52 @@ def test_sync_load_on_a_host_cache_fills_blocks_without_staging(harness: Harness
         for block, key in zip(job.block_ids, keys, strict=True)
     )
     assert (filled, worker.pool.acquires - acquires) == (True, 0)
+
+
+def _corrupt_page(worker: WorkerSide, key: str) -> None:
+    """Flip bytes in the middle of `key`'s stored page, on disk."""
+    location = worker.guard.call(lambda c: c.locate(worker.namespace, worker.rank, [key]))[0]
+    assert location is not None and worker.page_file is not None
+    with open(worker.page_file.path, "r+b") as handle:
+        handle.seek(location.page * worker.page_file.slot_bytes + location.size // 2)
+        old = handle.read(16)
+        handle.seek(location.page * worker.page_file.slot_bytes + location.size // 2)
+        handle.write(bytes(b ^ 0xFF for b in old))
+
+
+def _finish_load(worker: WorkerSide, req_id: str) -> None:
+    deadline = time.monotonic() + 10
+    while req_id not in (worker.get_finished(set())[1] or set()):
+        assert time.monotonic() < deadline, f"load {req_id} never finished"
+        time.sleep(0.005)
+
+
+@pytest.mark.parametrize("sync", [True, False], ids=["sync", "async"])
+def test_corrupt_page_found_by_a_load_is_dropped_from_the_store(
+    harness: Harness, sync: bool
+) -> None:
+    keys = _stored_prompt(harness, 2)
+    worker = harness.worker.worker_side
+    _corrupt_page(worker, keys[0])
+    before = hf3fsctl_connector.process_totals()["invalidated"]
+    worker.start_load_kv(Hf3fsctlConnectorMetadata(loads=[LoadJob("warm", [30, 31], keys, sync)]))
+    if not sync:
+        _finish_load(worker, "warm")
+    errors = worker.get_block_ids_with_load_errors()
+    assert hf3fsctl_connector.wait_for_saves(10)
+    hits = worker.guard.call(lambda c: c.lookup(worker.namespace, keys))
+    invalidated = hf3fsctl_connector.process_totals()["invalidated"] - before
+    assert (errors, hits, invalidated) == ({30}, 0, 1)
+
+
+def test_corrupt_page_fails_one_load_only(harness: Harness) -> None:
+    prompt = prompt_tokens(2 * BLOCK_SIZE + 1)
+    cold = make_request("cold", prompt, max_tokens=1)
+    harness.run(cold)
+    assert hf3fsctl_connector.wait_for_saves(10)
+    _corrupt_page(harness.worker.worker_side, bytes(cold.block_hashes[0]).hex())
+    before = hf3fsctl_connector.process_totals()["failed_checksum"]
+    for req_id in ("warm", "again"):
+        harness.run(make_request(req_id, prompt, max_tokens=1))
+        assert hf3fsctl_connector.wait_for_saves(10)
+    assert hf3fsctl_connector.process_totals()["failed_checksum"] - before == 1
