@@ -1,6 +1,6 @@
 """Time to first token of a long prompt on real vLLM: cold, warm, and against the peer.
 
-Every measurement is one fresh engine process (`tests/helpers/vllm_runner.py`), so a
+Every measurement is one fresh engine process (`hf3fsctl/vllm_runner.py`), so a
 warm run really reads the store another process wrote. Per repeat, on a new random
 prompt of `--prompt-tokens` tokens (model `SIZES["bench"]`, built under `.bench/`):
 
@@ -23,7 +23,6 @@ Run: `python benchmarks/bench_vllm.py [--repeats 3] [--prompt-tokens 4000] [--js
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import shutil
@@ -51,14 +50,10 @@ ASYNC_LOAD = {"connector.load_mode": "async", "connector.lookup_wait_ms": 0}
 
 
 def load_runner() -> ModuleType:
-    """Import `tests/helpers/vllm_runner.py` by path (tests/ is not a package)."""
-    path = ROOT / "tests" / "helpers" / "vllm_runner.py"
-    spec = importlib.util.spec_from_file_location("hf3fsctl_vllm_runner", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    """The engine runner (`hf3fsctl.vllm_runner`: one vLLM engine per fresh process)."""
+    from hf3fsctl import vllm_runner
+
+    return vllm_runner
 
 
 def drop_page_cache(root: Path) -> int:

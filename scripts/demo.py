@@ -14,7 +14,6 @@ directory under `.demo/` (git-ignored).
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -38,14 +37,10 @@ QUESTIONS = (
 
 
 def load_runner() -> ModuleType:
-    """Import `tests/helpers/vllm_runner.py` by path (tests/ is not a package)."""
-    path = ROOT / "tests" / "helpers" / "vllm_runner.py"
-    spec = importlib.util.spec_from_file_location("hf3fsctl_vllm_runner", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    """The engine runner (`hf3fsctl.vllm_runner`: one vLLM engine per fresh process)."""
+    from hf3fsctl import vllm_runner
+
+    return vllm_runner
 
 
 def hf3fsctl(*args: str, capture: bool = False) -> str:

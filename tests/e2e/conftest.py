@@ -28,7 +28,8 @@ from e2e_scenario import (
     E2EStore,
     make_store,
 )
-from helpers.vllm_runner import EngineResult, EngineRun, run_engine, shared_prefix_prompts
+
+from hf3fsctl.vllm_runner import EngineResult, EngineRun, run_engine, shared_prefix_prompts
 
 
 @pytest.fixture(scope="session")

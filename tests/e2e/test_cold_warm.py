@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import pytest
 from e2e_scenario import BLOCK, EXACT_BLOCKS, EXACT_IDX, LONG, PREFIX, SHORT_IDX, SUFFIX
-from helpers.vllm_runner import EngineResult
+
+from hf3fsctl.vllm_runner import EngineResult
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

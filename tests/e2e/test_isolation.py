@@ -7,7 +7,8 @@ from dataclasses import replace
 
 import pytest
 from e2e_scenario import LONG, E2EStore
-from helpers.vllm_runner import EngineResult
+
+from hf3fsctl.vllm_runner import EngineResult
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

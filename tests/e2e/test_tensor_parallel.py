@@ -11,7 +11,8 @@ from collections.abc import Callable
 
 import pytest
 from e2e_scenario import BLOCK, E2EStore, make_store
-from helpers.vllm_runner import EngineResult, shared_prefix_prompts
+
+from hf3fsctl.vllm_runner import EngineResult, shared_prefix_prompts
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

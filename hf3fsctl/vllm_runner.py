@@ -1,6 +1,6 @@
 """Run one real vLLM engine in a fresh subprocess and get its results back as JSON.
 
-Contract: `run_engine(EngineRun(...))` starts `python <this file> SPEC OUT` with
+Contract: `run_engine(EngineRun(...))` starts `python -m hf3fsctl.vllm_runner SPEC OUT` with
 `VLLM_ENABLE_V1_MULTIPROCESSING=0` (engine core, scheduler and worker in that one
 process), builds `vllm.LLM` with `enforce_eager=True` and an explicit
 `kv_cache_memory_bytes`, runs one unrelated warm-up request, then the prompts (greedy),
@@ -15,7 +15,8 @@ store. A run that fails or passes its timeout raises `EngineRunError` carrying t
 tail of the child's stderr.
 
 Stdlib only at import time: the test suite, `benchmarks/bench_vllm.py` and
-`scripts/demo.py` (which load this file by path) import it without torch or vLLM.
+`scripts/demo.py` import it without torch or vLLM. Not part of the core: nothing in
+`hf3fsctl` imports it (vLLM only ever runs in the child process).
 """
 
 from __future__ import annotations
@@ -158,7 +159,7 @@ def run_engine(run: EngineRun) -> EngineResult:
         start = time.perf_counter()
         try:
             proc = subprocess.run(
-                [sys.executable, str(Path(__file__).resolve()), str(spec_path), str(out_path)],
+                [sys.executable, "-m", "hf3fsctl.vllm_runner", str(spec_path), str(out_path)],
                 env=env,
                 capture_output=True,
                 text=True,
@@ -324,6 +325,4 @@ def _main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    # Run by path: keep this file's folder off the import path (no accidental shadowing).
-    sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).parent]
     _main(sys.argv[1:])
