@@ -168,6 +168,7 @@ _COUNTER_HELP = {
     "blocks_saved": "KV blocks saved to hf3fsctl",
     "bytes_saved": "Bytes saved to hf3fsctl",
     "misses": "Requests served as a miss because the metadata service failed",
+    "invalidated": "Keys dropped from the store because a load found them corrupt",
 }
 
 

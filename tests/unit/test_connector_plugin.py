@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import functools
+from types import SimpleNamespace
+
 from hf3fsctl_connector.plugin import CONNECTOR_NAME, register
-from hf3fsctl_connector.stats import Hf3fsctlConnectorStats
+from hf3fsctl_connector.stats import Hf3fsctlConnectorStats, Hf3fsctlPromMetrics
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from vllm.config import KVTransferConfig
 from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
 
@@ -31,3 +35,22 @@ def test_stats_from_two_workers_add_up() -> None:
 
 def test_fresh_stats_are_empty() -> None:
     assert Hf3fsctlConnectorStats().is_empty()
+
+
+def test_prometheus_metrics_export_counters_failures_and_latency() -> None:
+    registry = CollectorRegistry()
+    types = {
+        Counter: functools.partial(Counter, registry=registry),
+        Gauge: functools.partial(Gauge, registry=registry),
+        Histogram: functools.partial(Histogram, registry=registry),
+    }
+    config = SimpleNamespace(kv_transfer_config=None)
+    metrics = Hf3fsctlPromMetrics(config, types, ["engine"], {0: ["0"]})
+    metrics.observe(
+        {"hit_tokens": 64, "invalidated": 3, "failed_checksum": 2, "lookup_s": [0.002]}, 0
+    )
+    value = registry.get_sample_value
+    assert value("hf3fsctl:connector_hit_tokens_total", {"engine": "0"}) == 64
+    assert value("hf3fsctl:connector_invalidated_total", {"engine": "0"}) == 3
+    assert value("hf3fsctl:connector_failed_blocks_total", {"engine": "0", "kind": "checksum"}) == 2
+    assert value("hf3fsctl:connector_latency_seconds_count", {"engine": "0", "op": "lookup"}) == 1
