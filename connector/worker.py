@@ -334,28 +334,25 @@ class WorkerSide:
                 self._load_ended(run, set(job.block_ids), "error")
 
     def _load_job(self, run: LoadRun) -> None:
-        failed: set[int] = set(run.job.block_ids)
-        kind = "error"
-        try:
-            if self.disabled is not None:
-                kind = "metadata_down"
-            else:
-                failed, kind = run_load(self, run, LOAD_TIMEOUT_S / 2)
-        except Exception:
-            logger.exception("load of request %s failed", run.job.req_id)
-        self._load_ended(run, failed, kind)
+        """An asynchronous load, on a load thread."""
+        self._run_load(run, sync=False)
 
     def _load_now(self, run: LoadRun) -> None:
         """A synchronous load: done before this step's forward; errors reported this step."""
+        self._run_load(run, sync=True)
+
+    def _run_load(self, run: LoadRun, *, sync: bool) -> None:
         failed: set[int] = set(run.job.block_ids)
         kind = "error"
         try:
             if self.disabled is not None:
                 kind = "metadata_down"
-            elif not self._cuda:
+            elif sync and not self._cuda:
                 failed, kind = run_load_direct(self, run)
             else:
-                failed, kind = run_load(self, run, SYNC_STAGING_WAIT_S)
+                failed, kind = run_load(
+                    self, run, SYNC_STAGING_WAIT_S if sync else LOAD_TIMEOUT_S / 2
+                )
         except Exception:
             logger.exception("load of request %s failed", run.job.req_id)
         self._load_ended(run, failed, kind)

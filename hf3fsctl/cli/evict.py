@@ -15,7 +15,14 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from hf3fsctl.cli import context, output
-from hf3fsctl.cli.options import ConfigOpt, DryRunOpt, JsonOpt, YesOpt, parse_duration
+from hf3fsctl.cli.options import (
+    ConfigOpt,
+    DryRunOpt,
+    JsonOpt,
+    NamespaceOpt,
+    YesOpt,
+    parse_duration,
+)
 from hf3fsctl.errors import InvalidRequest
 
 if TYPE_CHECKING:
@@ -49,10 +56,7 @@ def confirm_or_refuse(what: str) -> None:
 def evict(
     ctx: typer.Context,
     config: ConfigOpt = None,
-    namespace: Annotated[
-        str | None,
-        typer.Option("--namespace", "-n", help="Only this namespace (id or unique prefix)."),
-    ] = None,
+    namespace: NamespaceOpt = None,
     older_than: Annotated[
         float | None,
         typer.Option(

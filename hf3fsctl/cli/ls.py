@@ -13,7 +13,7 @@ from typing import Annotated
 import typer
 
 from hf3fsctl.cli import context, output
-from hf3fsctl.cli.options import ConfigOpt, JsonOpt
+from hf3fsctl.cli.options import ConfigOpt, JsonOpt, NamespaceOpt
 
 KEY_PREFIX_CHARS = 16
 
@@ -21,10 +21,7 @@ KEY_PREFIX_CHARS = 16
 def ls(
     ctx: typer.Context,
     config: ConfigOpt = None,
-    namespace: Annotated[
-        str | None,
-        typer.Option("--namespace", "-n", help="Only this namespace (id or unique prefix)."),
-    ] = None,
+    namespace: NamespaceOpt = None,
     limit: Annotated[int, typer.Option("--limit", min=1, help="Show at most N entries.")] = 50,
     json: JsonOpt = False,
 ) -> None:

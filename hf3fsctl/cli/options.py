@@ -1,7 +1,8 @@
 """Options shared by several commands, declared once as `Annotated` aliases.
 
 Every command that reads the configuration takes `ConfigOpt`; commands with a machine
-readable result take `JsonOpt`; destructive ones take `YesOpt` and `DryRunOpt`. The
+readable result take `JsonOpt`; destructive ones take `YesOpt` and `DryRunOpt`; commands that can be narrowed to one
+namespace take `NamespaceOpt`. The
 duration parser for `--older-than`-style flags lives here too, so every flag that takes
 a duration accepts the same spellings (`90`, `90s`, `30m`, `2h`, `7d`, `1w`).
 """
@@ -33,6 +34,10 @@ JsonOpt = Annotated[
 YesOpt = Annotated[
     bool,
     typer.Option("--yes", "-y", help="Do it without asking (required when stdin is not a TTY)."),
+]
+NamespaceOpt = Annotated[
+    str | None,
+    typer.Option("--namespace", "-n", help="Only this namespace (id or unique prefix)."),
 ]
 DryRunOpt = Annotated[
     bool,

@@ -13,7 +13,7 @@ import pytest
 from hf3fsctl.errors import InvalidRequest, StorageError
 from hf3fsctl.storage.checksum import page_checksum
 from hf3fsctl.storage.engine import describe_engine_choice, find_mount, open_engine
-from hf3fsctl.storage.layout import PageFile
+from hf3fsctl.storage.layout import PageFile, slot_bytes
 from hf3fsctl.storage.posix import PosixEngine
 
 NS = "0123456789abcdef"
@@ -21,9 +21,7 @@ NUM_PAGES = 64
 
 
 def _page_file(root: Path, page_bytes: int) -> PageFile:
-    return PageFile.create(
-        root, NS, 0, page_bytes, NUM_PAGES * ((page_bytes + 4095) // 4096 * 4096)
-    )
+    return PageFile.create(root, NS, 0, page_bytes, NUM_PAGES * slot_bytes(page_bytes))
 
 
 @pytest.fixture

@@ -14,7 +14,7 @@ import torch
 from hf3fsctl.staging import KVSegment, gather_blocks_reference, page_pieces
 from hf3fsctl.storage.checksum import checksum, checksum_pieces
 from hf3fsctl.storage.engine import ERROR_BOUNDS, ERROR_CHECKSUM, ERROR_SHORT
-from hf3fsctl.storage.layout import PageFile
+from hf3fsctl.storage.layout import PageFile, slot_bytes
 from hf3fsctl.storage.posix import PosixEngine
 
 NS = "0123456789abcdef"
@@ -22,9 +22,7 @@ NUM_PAGES = 32
 
 
 def _page_file(root: Path, page_bytes: int) -> PageFile:
-    return PageFile.create(
-        root, NS, 0, page_bytes, NUM_PAGES * ((page_bytes + 4095) // 4096 * 4096)
-    )
+    return PageFile.create(root, NS, 0, page_bytes, NUM_PAGES * slot_bytes(page_bytes))
 
 
 @pytest.fixture
