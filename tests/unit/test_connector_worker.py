@@ -84,7 +84,8 @@ def test_kv_tensor_not_matching_the_config_is_a_startup_error(
 
 def test_save_dropped_for_lack_of_staging_never_holds_the_request(harness: Harness) -> None:
     pool = harness.worker.worker_side.pool
-    hog = pool.acquire(1, pool.capacity_bytes)  # nothing left for saves
+    # Wait out the start-up prewarm, which reserves staging while it faults pages in.
+    hog = pool.acquire(1, pool.capacity_bytes, timeout_s=10)  # nothing left for saves
     assert hog is not None
     before = hf3fsctl_connector.process_totals()["failed_pool_exhausted"]
     try:
