@@ -262,5 +262,9 @@ class SchedulerSide:
         return (state is not None and state.save_jobs > 0), None
 
     def shutdown(self) -> None:
-        """Stop the lookup threads (pending lookups are abandoned)."""
+        """Stop the lookup threads (pending lookups are abandoned); close the client.
+
+        Closing flushes an embedded store's lookup counters (`hf3fsctl stats` shows them).
+        """
         self._pool.shutdown(wait=False, cancel_futures=True)
+        self.guard.close()

@@ -69,6 +69,48 @@ def parse_size(value: object, key: str = "size") -> int:
     return int(float(match.group(1)) * _SIZE_UNITS[unit])
 
 
+_SHARE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*%\s*$")
+
+
+@dataclass(frozen=True)
+class Amount:
+    """A size in bytes (`2TiB`) or a share of something larger (`50%`)."""
+
+    bytes: int | None = None
+    share: float | None = None
+
+    def of(self, whole: int) -> int:
+        """Bytes this amount means against `whole` (a share's base)."""
+        if self.bytes is not None:
+            return self.bytes
+        return int((self.share or 0.0) * whole)
+
+    def __str__(self) -> str:
+        if self.share is not None:
+            return f"{self.share * 100:g}%"
+        return format_size(self.bytes or 0)
+
+
+def parse_amount(value: object, key: str = "size") -> Amount:
+    """Parse `2TiB`, `512MiB`, plain bytes, or a share `50%` (0 < share <= 100%).
+
+    Raises:
+        ConfigError: naming `key` when the value is neither.
+    """
+    match = _SHARE_RE.match(str(value)) if not isinstance(value, (bool, int)) else None
+    if match is not None:
+        share = float(match.group(1)) / 100
+        if not 0 < share <= 1:
+            raise ConfigError(f"{key}: {value!r} must be a share above 0% and at most 100%")
+        return Amount(share=share)
+    try:
+        return Amount(bytes=parse_size(value, key))
+    except ConfigError:
+        raise ConfigError(
+            f"{key}: {value!r} is neither a size (2TiB, 512MiB) nor a share (50%)"
+        ) from None
+
+
 def format_size(num_bytes: float) -> str:
     """Format bytes for people: `1.5 GiB`."""
     value = float(num_bytes)
@@ -106,12 +148,34 @@ class StorageConfig:
             choices=("auto", "posix", "usrbio"),
         ),
     )
-    file_size: int = field(
-        default=64 * 1024**3,
-        metadata=_spec("bytes of one (namespace, rank) page file", kind="size", min=1 << 20),
+    capacity: str = field(
+        default="80%",
+        metadata=_spec(
+            "bytes the whole store may hold, all namespaces and ranks together: a size "
+            "(2TiB) or a share of the file system's free space when the store is created "
+            "(50%); recorded in the store by `hf3fsctl init`",
+            kind="amount",
+        ),
+    )
+    max_pinned: str = field(
+        default="25%",
+        metadata=_spec(
+            "most bytes pinned prefixes may hold: a size or a share of the capacity",
+            kind="amount",
+        ),
     )
     preallocate: bool = field(
-        default=True, metadata=_spec("fallocate page files when they are created")
+        default=False,
+        metadata=_spec(
+            "new page files are fallocated at storage.file_size up front (else they "
+            "grow on demand, page by page, within the store's capacity)"
+        ),
+    )
+    file_size: int = field(
+        default=64 * 1024**3,
+        metadata=_spec(
+            "bytes of one preallocated page file (storage.preallocate)", kind="size", min=1 << 20
+        ),
     )
     io_threads: int = field(
         default=16, metadata=_spec("parallel page reads/writes per process", min=1, max=256)
@@ -148,7 +212,8 @@ class MetadataConfig:
         metadata=_spec("a located page is not reused for this long", min=0.1, max=3600),
     )
     high_watermark: float = field(
-        default=0.95, metadata=_spec("evict when a page file is fuller than this", min=0, max=1)
+        default=0.95,
+        metadata=_spec("evict when the store (or a quota) is fuller than this", min=0, max=1),
     )
     low_watermark: float = field(
         default=0.85, metadata=_spec("evict down to this usage", min=0, max=1)
@@ -217,6 +282,9 @@ class Config:
     metadata: MetadataConfig = field(default_factory=MetadataConfig)
     server: ServerConfig = field(default_factory=ServerConfig)
     connector: ConnectorConfig = field(default_factory=ConnectorConfig)
+    # Namespace id or model name → most bytes it may hold (a size, or a share of the
+    # store's capacity). A model's quota covers all of its namespaces together.
+    quotas: dict[str, str] = field(default_factory=dict)
     source: str | None = field(default=None, compare=False)
 
     @property
@@ -228,8 +296,16 @@ class Config:
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
         """The configuration as a plain nested dict (no `source`)."""
-        return {name: dataclasses.asdict(getattr(self, name)) for name in SECTIONS}
+        data = {name: dataclasses.asdict(getattr(self, name)) for name in SECTIONS}
+        data[QUOTAS] = dict(self.quotas)
+        return data
 
+
+QUOTAS = "quotas"
+QUOTAS_HELP = (
+    "per-namespace or per-model caps, e.g. {my-org/llama-8b: 40%, 0123456789abcdef: 100GiB} "
+    "(a share is of the store's capacity)"
+)
 
 SECTIONS: dict[str, type[Any]] = {
     "storage": StorageConfig,
@@ -264,6 +340,9 @@ def _coerce(key: str, f: dataclasses.Field[Any], value: Any) -> Any:
         raise ConfigError(f"{key}: a value is required (default {f.default!r})")
     if meta.get("kind") == "size":
         result: Any = parse_size(value, key)
+    elif meta.get("kind") == "amount":
+        result = str(parse_amount(value, key)) if not isinstance(value, str) else value.strip()
+        parse_amount(result, key)
     elif type_name == "bool":
         if isinstance(value, bool):
             result = value
@@ -321,6 +400,15 @@ def _flatten(data: Mapping[str, Any], origin: str) -> dict[str, Any]:
     for name, value in data.items():
         if "." in name:
             flat[name] = value
+        elif name == QUOTAS:
+            if value is None:
+                continue
+            if not isinstance(value, Mapping):
+                raise ConfigError(
+                    f"{origin}: {QUOTAS} must map a namespace id or model name to a size or share"
+                )
+            for sub, sub_value in value.items():
+                flat[f"{QUOTAS}.{sub}"] = sub_value
         elif name in SECTIONS:
             if value is None:
                 continue
@@ -353,22 +441,55 @@ def env_overrides(environ: Mapping[str, str]) -> dict[str, str]:
     return out
 
 
+def _named_config_file(
+    explicit: str | os.PathLike[str] | None, origin: str | None, environ: Mapping[str, str]
+) -> tuple[Path, str | None] | None:
+    """The config file the caller or `$HF3FSCTL_CONFIG` names, and where the name came from."""
+    if explicit:
+        return Path(explicit).expanduser(), origin
+    if environ.get("HF3FSCTL_CONFIG"):
+        return Path(environ["HF3FSCTL_CONFIG"]).expanduser(), "HF3FSCTL_CONFIG"
+    return None
+
+
 def find_config_file(
     explicit: str | os.PathLike[str] | None = None,
     environ: Mapping[str, str] | None = None,
+    *,
+    origin: str | None = None,
+    missing_ok: bool = False,
 ) -> Path | None:
-    """The config file to read, by the documented search order, or None."""
+    """The config file to read, by the documented search order, or None.
+
+    Args:
+        explicit: a path the caller was given (the CLI's `--config`); wins over the rest.
+        environ: where `HF3FSCTL_CONFIG` and `XDG_CONFIG_HOME` are read (default
+            `os.environ`).
+        origin: where `explicit` came from (`--config`), named when it does not exist.
+        missing_ok: a named file (`explicit` or `$HF3FSCTL_CONFIG`) that does not exist is
+            no error but None: for `hf3fsctl init`, which writes it.
+
+    Raises:
+        ConfigError: a named file does not exist; the message says where it was named.
+    """
     environ = os.environ if environ is None else environ
-    if explicit:
-        path = Path(explicit).expanduser()
-        if not path.is_file():
-            raise ConfigError(f"config file {str(path)!r} does not exist (from --config)")
-        return path
-    if environ.get("HF3FSCTL_CONFIG"):
-        path = Path(environ["HF3FSCTL_CONFIG"]).expanduser()
-        if not path.is_file():
-            raise ConfigError(f"config file {str(path)!r} does not exist (from HF3FSCTL_CONFIG)")
-        return path
+    named = _named_config_file(explicit, origin, environ)
+    if named is not None:
+        path, source = named
+        if path.is_file():
+            return path
+        if missing_ok:
+            return None
+        where = f" (from {source})" if source else ""
+        fix = (
+            "point HF3FSCTL_CONFIG at an existing file (or unset it)"
+            if source == "HF3FSCTL_CONFIG"
+            else "give an existing file"
+        )
+        raise ConfigError(
+            f"config file {str(path)!r} does not exist{where}",
+            hint=f"{fix}, or create one with `hf3fsctl init --storage-path DIR --write-config PATH`",
+        )
     xdg = Path(environ.get("XDG_CONFIG_HOME") or Path.home() / ".config")
     for candidate in (
         Path("hf3fs.yaml"),
@@ -401,8 +522,15 @@ def build_config(layers: list[tuple[str, Mapping[str, Any]]], source: str | None
     """Apply `(origin, values)` layers over the defaults and validate the result."""
     known = config_keys()
     values: dict[str, Any] = {}
+    quotas: dict[str, str] = {}
     for origin, layer in layers:
         for key, value in _flatten(layer, origin).items():
+            if key.startswith(QUOTAS + "."):
+                name = key[len(QUOTAS) + 1 :]
+                if not name:
+                    raise ConfigError(f"{origin}: a quota needs a namespace id or model name")
+                quotas[name] = str(parse_amount(value, key))
+                continue
             if key not in known:
                 raise _unknown_key(key)
             values[key] = _coerce(key, known[key], value)
@@ -410,7 +538,7 @@ def build_config(layers: list[tuple[str, Mapping[str, Any]]], source: str | None
     for name, cls in SECTIONS.items():
         kwargs = {k.split(".", 1)[1]: v for k, v in values.items() if k.startswith(name + ".")}
         sections[name] = cls(**kwargs)
-    config = Config(**sections, source=source)
+    config = Config(**sections, quotas=quotas, source=source)
     _check_cross_field(config)
     return config
 
@@ -461,6 +589,12 @@ def dump_config(config: Config) -> str:
             value = getattr(getattr(config, section), f.name)
             lines.append(f"  # {f.metadata['help']}")
             lines.append(f"  {f.name}: {_yaml_scalar(value)}")
+    lines.append(f"# {QUOTAS_HELP}")
+    if config.quotas:
+        lines.append(f"{QUOTAS}:")
+        lines.extend(f"  {_yaml_scalar(k)}: {_yaml_scalar(v)}" for k, v in config.quotas.items())
+    else:
+        lines.append(f"{QUOTAS}: {{}}")
     return "\n".join(lines) + "\n"
 
 

@@ -51,10 +51,18 @@ class NamespaceConflict(Hf3fsctlError):
 
 
 class StorageError(Hf3fsctlError):
-    """Page files are missing, too small, unreadable or unwritable."""
+    """Page files are missing, too small, unreadable or unwritable.
+
+    `errno` is the OS error behind it when there was one (``ENOSPC`` for a full disk), so
+    callers can count failures by kind.
+    """
 
     exit_code = 5
     hint = "check storage.path, free space and permissions (`hf3fsctl doctor`)"
+
+    def __init__(self, message: str, *, hint: str | None = None, errno: int | None = None) -> None:
+        super().__init__(message, hint=hint)
+        self.errno = errno
 
 
 class MetadataUnavailable(Hf3fsctlError):

@@ -443,7 +443,7 @@ class StagingBuffer:
 
     @property
     def nbytes(self) -> int:
-        """Bytes this lease holds from the pool (its size class)."""
+        """Bytes this lease holds from the pool: its buffer's real size (can be a larger class)."""
         return 0 if self._block is None else int(self._block.numel())
 
     def rows(self) -> list[Any]:
@@ -506,7 +506,7 @@ class StagingPool:
 
     @property
     def in_use_bytes(self) -> int:
-        """Bytes currently leased out."""
+        """Bytes currently leased out (the real sizes of the leased buffers)."""
         return self._in_use
 
     def counters(self) -> dict[str, int]:
@@ -539,7 +539,9 @@ class StagingPool:
             while True:
                 block = self._take_locked(size)
                 if block is not None:
-                    self._in_use += size
+                    # The buffer's real size: a larger cached one may serve a smaller
+                    # request, and `_give_back` returns exactly this many bytes.
+                    self._in_use += int(block.numel())
                     self.peak_in_use = max(self.peak_in_use, self._in_use)
                     return StagingBuffer(self, block, rows, row_bytes)
                 remaining = deadline - time.monotonic()

@@ -1,13 +1,15 @@
 """What most commands need first: the configuration and the metadata client.
 
-`load(ctx, path)` honours a per-command `--config` over the global one (both also read
-`HF3FSCTL_CONFIG`), then `hf3fsctl.config.load_config`'s search order. `open_client`
+`load(ctx, path)` honours a per-command `--config` over the global one, then
+`hf3fsctl.config.find_config_file`'s search order (`$HF3FSCTL_CONFIG` first; the option
+does not read the variable itself, so errors name where a path came from). `open_client`
 opens the client the configuration points at (embedded SQLite or `hf3fsctl serve`),
 and `resolve_namespace` accepts a namespace id or an unambiguous prefix of one.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
@@ -26,6 +28,8 @@ def load(
     ctx: typer.Context,
     path: Path | None = None,
     overrides: Mapping[str, Any] | None = None,
+    *,
+    missing_ok: bool = False,
 ) -> Config:
     """Load the configuration for a command.
 
@@ -33,17 +37,27 @@ def load(
         ctx: the command's context (its parent holds the global `--config`).
         path: the command's own `--config`, which wins over the global one.
         overrides: dotted config keys set by flags (`None` values are ignored).
+        missing_ok: a file named by `--config` or `$HF3FSCTL_CONFIG` that does not exist
+            is no error: the packaged defaults, environment and `overrides` are used (for
+            `init`, which writes that file).
 
     Raises:
-        ConfigError: naming the bad key, value and fix.
+        ConfigError: naming the bad key, value and fix, or the missing file and where it
+            was named (`--config` or `HF3FSCTL_CONFIG`).
     """
-    from hf3fsctl.config import load_config
+    from hf3fsctl.config import build_config, env_overrides, find_config_file, load_config
 
     if path is None:
         root = ctx.find_root()
         if isinstance(root.obj, dict):
             path = root.obj.get("config")
-    return load_config(path, overrides)
+    file = find_config_file(path, origin="--config", missing_ok=missing_ok)
+    if file is not None or not missing_ok:
+        return load_config(file, overrides)
+    # `init` named the file it is about to write (or found none): `load_config`'s layers
+    # less the file (it would search on, or fail on the missing name).
+    flags = {key: value for key, value in (overrides or {}).items() if value is not None}
+    return build_config([("environment", env_overrides(os.environ)), ("overrides", flags)])
 
 
 def connect(config: Config, *, create: bool = False) -> MetadataClient:

@@ -1,12 +1,14 @@
-"""`hf3fsctl init`: create a store — storage root, metadata DB, config, page files.
+"""`hf3fsctl init`: create a store — storage root, metadata DB, capacity, config, page files.
 
 Steps, each reported: create the storage root and prove it is writable (a file is
 written, synced and removed); for a `sqlite:///` metadata URL create the database and
 its schema (for `http://`, check the service answers and warn if not: it may not be
-started yet); with `--write-config` write a config file pointing at all this (refusing
-to overwrite one without `--force`); with `--namespace-manifest FILE` write that
-namespace's manifest, register it, and preallocate its per-rank page files with a
-progress bar, reserving the capacity up front.
+started yet); record the store's capacity (`--capacity`, else `storage.capacity`: a
+share of the file system's free space by default; a store that has one keeps it unless
+`--capacity` is given); with `--write-config` write a config file pointing at all this
+(refusing to overwrite one without `--force`); with `--namespace-manifest FILE` write
+that namespace's manifest and register it with its per-rank page files — growing on
+demand, or with `--preallocate` fallocated at `--file-size` up front, with a progress bar.
 """
 
 from __future__ import annotations
@@ -67,7 +69,7 @@ def read_manifest_file(path: Path) -> NamespaceManifest:
     return NamespaceManifest.from_dict(data)
 
 
-def preallocate(
+def register_namespace_files(
     config: Config,
     client: MetadataClient,
     manifest: NamespaceManifest,
@@ -75,31 +77,40 @@ def preallocate(
     *,
     show_progress: bool,
 ) -> dict[str, Any]:
-    """Write the manifest, register the namespace and create its first `ranks` page files."""
+    """Write the manifest, register the namespace and its first `ranks` page files.
+
+    The files grow on demand unless `storage.preallocate` is set, in which case each is
+    fallocated at `storage.file_size` (resumable, with a progress bar) and registered as
+    preallocated: it holds its whole size of the store's capacity from now on.
+    """
     from hf3fsctl.meta.models import RankFile
     from hf3fsctl.storage.layout import PageFile, slot_bytes, write_manifest
 
     root = Path(config.storage.path)
     ns = manifest.namespace_id
+    preallocated = config.storage.preallocate
     write_manifest(root, manifest)
     client.register_namespace(ns, manifest.to_dict())
     files = []
-    with output.progress(show_progress, in_bytes=True) as bar:
+    with output.progress(show_progress and preallocated, in_bytes=True) as bar:
         for rank in range(ranks):
-            task = bar.add_task(f"rank {rank}", total=config.storage.file_size)
+            if preallocated:
+                task = bar.add_task(f"rank {rank}", total=config.storage.file_size)
 
-            def advance(done: int, total: int, task: Any = task) -> None:
-                bar.update(task, completed=done, total=total)
+                def advance(done: int, total: int, task: Any = task) -> None:
+                    bar.update(task, completed=done, total=total)
 
-            with PageFile.create(
-                root,
-                ns,
-                rank,
-                manifest.page_bytes,
-                config.storage.file_size,
-                preallocate=config.storage.preallocate,
-                progress=advance,
-            ) as page_file:
+                page_file = PageFile.create(
+                    root,
+                    ns,
+                    rank,
+                    manifest.page_bytes,
+                    config.storage.file_size,
+                    progress=advance,
+                )
+            else:
+                page_file = PageFile.create_growable(root, ns, rank, manifest.page_bytes)
+            with page_file:
                 client.register_rank(
                     ns,
                     RankFile(
@@ -108,16 +119,56 @@ def preallocate(
                         page_bytes=page_file.page_bytes,
                         slot_bytes=page_file.slot_bytes,
                         num_pages=page_file.num_pages,
+                        preallocated=preallocated,
                     ),
                 )
                 files.append(
-                    {"rank": rank, "path": str(page_file.path), "num_pages": page_file.num_pages}
+                    {
+                        "rank": rank,
+                        "path": str(page_file.path),
+                        "num_pages": page_file.num_pages,
+                        "preallocated": preallocated,
+                    }
                 )
     return {
         "namespace": ns,
         "slot_bytes": slot_bytes(manifest.page_bytes),
         "rank_files": files,
     }
+
+
+def record_capacity(config: Config, client: MetadataClient, explicit: bool) -> dict[str, Any]:
+    """Record the store's capacity: `storage.capacity` resolved on this file system.
+
+    A store that already has a capacity keeps it unless `explicit` (`--capacity`).
+
+    Raises:
+        InvalidRequest: the capacity is smaller than one page's worth, or a share
+            resolves to nothing (a full file system).
+    """
+    from hf3fsctl.config import format_size, parse_amount
+    from hf3fsctl.meta.policy import file_system_room, resolve_capacity
+
+    current = client.capacity()
+    if current.capacity_bytes is not None and not explicit:
+        return current.model_dump()
+    root = config.storage.path
+    amount = parse_amount(config.storage.capacity, "storage.capacity")
+    value = resolve_capacity(amount, root, current.bytes_used)
+    room = file_system_room(root) + current.bytes_used
+    if value < 1 << 20:
+        raise InvalidRequest(
+            f"storage.capacity {config.storage.capacity} is {value} bytes here: too small "
+            f"to hold a page",
+            hint=f"free space on {root} ({format_size(room)} available) or pass a larger "
+            "--capacity",
+        )
+    if value > room:
+        output.warning(
+            f"capacity {format_size(value)} is more than the file system can give the store "
+            f"({format_size(room)}): writes will fail with no space before eviction starts"
+        )
+    return client.set_capacity(value).model_dump()
 
 
 def _check_metadata(config: Config, report: dict[str, Any]) -> None:
@@ -157,9 +208,28 @@ def init(
             help="Bearer token file for an http:// metadata URL (metadata.token_file).",
         ),
     ] = None,
+    capacity: Annotated[
+        str | None,
+        typer.Option(
+            "--capacity",
+            metavar="SIZE|SHARE",
+            help="Bytes the whole store may hold (2TiB), or a share of the file system's "
+            "free space (50%); default storage.capacity (80%).",
+        ),
+    ] = None,
+    preallocate_files: Annotated[
+        bool,
+        typer.Option(
+            "--preallocate",
+            help="Fallocate the --namespace-manifest's page files at --file-size now "
+            "(default: they grow on demand).",
+        ),
+    ] = False,
     file_size: Annotated[
         str | None,
-        typer.Option("--file-size", metavar="SIZE", help="Bytes of one page file (64GiB, 512MiB)."),
+        typer.Option(
+            "--file-size", metavar="SIZE", help="Bytes of one preallocated page file (64GiB)."
+        ),
     ] = None,
     write_config: Annotated[
         Path | None,
@@ -173,12 +243,12 @@ def init(
         typer.Option(
             "--namespace-manifest",
             metavar="FILE",
-            help="Preallocate the page files of this namespace (a manifest JSON file).",
+            help="Register this namespace (a manifest JSON file) and its page files now.",
         ),
     ] = None,
     ranks: Annotated[
         int | None,
-        typer.Option("--ranks", min=1, help="How many ranks to preallocate (default: TP x PP)."),
+        typer.Option("--ranks", min=1, help="How many ranks to register (default: TP x PP)."),
     ] = None,
     json: JsonOpt = False,
 ) -> None:
@@ -191,6 +261,10 @@ def init(
         )
     if ranks is not None and namespace_manifest is None:
         raise InvalidRequest("--ranks needs --namespace-manifest")
+    if preallocate_files and namespace_manifest is None:
+        raise InvalidRequest(
+            "--preallocate needs --namespace-manifest (the files of which namespace?)"
+        )
     manifest = read_manifest_file(namespace_manifest) if namespace_manifest else None
     if manifest is not None and ranks is not None and ranks > manifest.num_ranks:
         raise InvalidRequest(
@@ -205,7 +279,10 @@ def init(
             "metadata.url": metadata_url,
             "metadata.token_file": str(token_file.expanduser().resolve()) if token_file else None,
             "storage.file_size": file_size,
+            "storage.capacity": capacity,
+            "storage.preallocate": True if preallocate_files else None,
         },
+        missing_ok=True,  # init writes the config: a named file need not exist yet
     )
     try:
         root.mkdir(parents=True, exist_ok=True)
@@ -219,6 +296,15 @@ def init(
     if not json:
         state = "ready" if report["metadata"]["reachable"] else "not reachable yet"
         output.line(f"metadata {cfg.metadata_url} {state}")
+    if report["metadata"]["reachable"]:
+        with context.open_client(cfg) as client:
+            report["capacity"] = record_capacity(cfg, client, explicit=capacity is not None)
+        if not json:
+            cap = report["capacity"]
+            output.line(
+                f"capacity {format_size(cap['capacity_bytes'])} for every model and rank "
+                f"({format_size(cap['bytes_used'])} held)"
+            )
     if write_config is not None:
         write_config.parent.mkdir(parents=True, exist_ok=True)
         write_config.write_text(dump_config(cfg))
@@ -227,15 +313,17 @@ def init(
             output.line(f"wrote config {write_config}")
     if manifest is not None:
         with context.open_client(cfg) as client:
-            report["namespace"] = preallocate(
+            report["namespace"] = register_namespace_files(
                 cfg, client, manifest, ranks or manifest.num_ranks, show_progress=not json
             )
         if not json:
             ns = report["namespace"]
-            output.line(
-                f"namespace {ns['namespace']}: {len(ns['rank_files'])} page files of "
-                f"{format_size(cfg.storage.file_size)} ({ns['rank_files'][0]['num_pages']} pages each)"
+            size = (
+                f"of {format_size(cfg.storage.file_size)}, preallocated"
+                if cfg.storage.preallocate
+                else "growing on demand"
             )
+            output.line(f"namespace {ns['namespace']}: {len(ns['rank_files'])} page files {size}")
     if json:
         output.print_json(report)
         return

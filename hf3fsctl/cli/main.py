@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import logging
 import sys
-from typing import Annotated
+from collections.abc import Callable
+from typing import Annotated, Any
 
 import typer
+from typer.core import TyperCommand, TyperGroup, TyperOption
 
 from hf3fsctl import __version__
 from hf3fsctl.cli import doctor, evict, init, ls, serve, stats, vllm_config
@@ -22,8 +24,37 @@ from hf3fsctl.cli.errors import report as report_error
 from hf3fsctl.cli.options import ConfigOpt
 from hf3fsctl.errors import Hf3fsctlError
 
+
+def _untyped_flags(params: list[Any]) -> list[Any]:
+    """Give flags an empty metavar, so Rich help shows no value type after them.
+
+    Typer's Rich help prints a type for every option, `<bool>` for flags too (`--verbose
+    -v <bool>`, even `--help <bool>`), which reads as a flag that takes a value. A flag
+    takes none: with an empty metavar its type column is blank, as in Click's plain help.
+    """
+    for param in params:
+        if isinstance(param, TyperOption) and param.is_flag and param.metavar is None:
+            param.metavar = ""
+    return params
+
+
+class Hf3fsctlGroup(TyperGroup):
+    """The application: its own options' help without `<bool>` after flags."""
+
+    def get_params(self, ctx: Any) -> list[Any]:
+        return _untyped_flags(super().get_params(ctx))
+
+
+class Hf3fsctlCommand(TyperCommand):
+    """A command whose help shows no `<bool>` after flags (register every command with it)."""
+
+    def get_params(self, ctx: Any) -> list[Any]:
+        return _untyped_flags(super().get_params(ctx))
+
+
 app = typer.Typer(
     name="hf3fsctl",
+    cls=Hf3fsctlGroup,
     help="Run a persistent, shareable KV-cache tier for vLLM on 3FS (or any POSIX file system).",
     epilog=EXIT_CODES_HELP,
     no_args_is_help=True,
@@ -59,18 +90,23 @@ def _root(
     ctx.obj = {"config": config}
 
 
+def _command(name: str, fn: Callable[..., None]) -> None:
+    """Register a command: errors mapped by `handle_errors`, flags shown without a type."""
+    app.command(name, cls=Hf3fsctlCommand)(handle_errors(fn))
+
+
 # Set-up and service.
-app.command("init")(handle_errors(init.init))
-app.command("serve")(handle_errors(serve.serve))
+_command("init", init.init)
+_command("serve", serve.serve)
 # Operating the cache.
-app.command("stats")(handle_errors(stats.stats))
-app.command("ls")(handle_errors(ls.ls))
-app.command("evict")(handle_errors(evict.evict))
-app.command("doctor")(handle_errors(doctor.doctor))
-app.command("vllm-config")(handle_errors(vllm_config.vllm_config))
+_command("stats", stats.stats)
+_command("ls", ls.ls)
+_command("evict", evict.evict)
+_command("doctor", doctor.doctor)
+_command("vllm-config", vllm_config.vllm_config)
 # Commands that need vLLM register here, each from its own module, the same way:
-#   app.command("warm")(handle_errors(warm.warm))    # hf3fsctl/cli/warm.py
-#   app.command("bench")(handle_errors(bench.bench))  # hf3fsctl/cli/bench.py
+#   _command("warm", warm.warm)    # hf3fsctl/cli/warm.py
+#   _command("bench", bench.bench)  # hf3fsctl/cli/bench.py
 
 
 def main() -> None:

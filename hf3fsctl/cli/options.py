@@ -15,15 +15,18 @@ from typing import Annotated
 
 import typer
 
+# No `envvar="HF3FSCTL_CONFIG"` here: Click would hand the variable's value in as if it
+# were the flag, and errors would blame `--config` for it. `find_config_file` reads the
+# variable itself, after the flag, and names it.
 ConfigOpt = Annotated[
     Path | None,
     typer.Option(
         "--config",
         "-c",
-        envvar="HF3FSCTL_CONFIG",
         metavar="PATH",
-        help="Config file (default: ./hf3fs.yaml, ~/.config/hf3fsctl/config.yaml, "
-        "/etc/hf3fsctl/config.yaml, else the packaged defaults).",
+        help="Config file (default: $HF3FSCTL_CONFIG, else ./hf3fs.yaml, "
+        "~/.config/hf3fsctl/config.yaml, /etc/hf3fsctl/config.yaml, else the packaged "
+        "defaults).",
         show_default=False,
     ),
 ]

@@ -110,9 +110,17 @@ def serve(
         f"metadata service on http://{server.host}:{server.port} "
         f"(db {db}, auth {'on' if token else 'off'})"
     )
+    from hf3fsctl.meta.policy import StorePolicy
     from hf3fsctl.meta.server import run_server
 
     md = cfg.metadata
+    policy = StorePolicy.from_config(cfg)
+    if not policy.root_available():
+        output.warning(
+            f"storage path {cfg.storage.path} is not mounted here: space freed by eviction "
+            "stays with each namespace's page files, so eviction for a full store only "
+            "takes the allocating model's own entries (run serve on a node with the mount)"
+        )
     run_server(
         str(db),
         server.host,
@@ -125,4 +133,5 @@ def serve(
         low_watermark=md.low_watermark,
         log_level=log_level,
         workers=server.workers,
+        policy=policy,
     )

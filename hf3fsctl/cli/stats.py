@@ -62,9 +62,23 @@ def render(url: str, storage: dict[str, Any], stats: StoreStats) -> RenderableTy
             "storage": storage["path"]
             + (f" ({format_size(free)} free)" if free is not None else " (not mounted here)"),
             "namespaces": len(stats.namespaces),
-            "capacity": format_size(stats.bytes_total),
-            "used": f"{format_size(stats.bytes_used)} ({output.format_ratio(stats.bytes_used, stats.bytes_total)})",
-            "pages": f"{stats.pages_used} / {stats.pages_total}",
+            "capacity": "unbounded"
+            if stats.capacity_bytes is None
+            else format_size(stats.capacity_bytes),
+            "used": format_size(stats.bytes_used)
+            + (
+                f" ({output.format_ratio(stats.bytes_used, stats.capacity_bytes)})"
+                if stats.capacity_bytes
+                else ""
+            ),
+            "free": "-" if stats.bytes_free is None else format_size(stats.bytes_free),
+            "in entries": f"{format_size(stats.bytes_live)} ({stats.pages_used} pages)",
+            "pinned": f"{stats.pinned_keys} keys, {format_size(stats.pinned_bytes)}"
+            + (
+                f" of {format_size(stats.max_pinned_bytes)}"
+                if stats.max_pinned_bytes is not None
+                else ""
+            ),
             "lookup hit rate": f"{output.format_ratio(hits, lookups)} ({hits} of {lookups} keys)",
         },
         title="hf3fsctl store",
@@ -79,11 +93,13 @@ def render(url: str, storage: dict[str, Any], stats: StoreStats) -> RenderableTy
             _manifest_field(ns, "block_size"),
             _manifest_field(ns, "tp_size"),
             ns.keys,
-            f"{ns.pages_used}/{ns.pages_total}",
-            format_size(ns.bytes_used),
+            ns.pages_used,
+            format_size(ns.bytes_used)
+            + ("" if ns.quota_bytes is None else f" / {format_size(ns.quota_bytes)}"),
+            ns.pinned_keys or "-",
             ns.hits,
             output.format_ratio(ns.hit_keys, ns.lookup_keys),
-            output.format_age(None if ns.last_access is None else now - ns.last_access),
+            output.format_age(now - ns.last_used if ns.last_used else None),
         ]
         for ns in stats.namespaces
     ]
@@ -96,7 +112,8 @@ def render(url: str, storage: dict[str, Any], stats: StoreStats) -> RenderableTy
         "TP",
         "keys",
         "pages",
-        "bytes",
+        "disk (quota)",
+        "pinned",
         "hits",
         "hit rate",
         "last use",
@@ -105,7 +122,7 @@ def render(url: str, storage: dict[str, Any], stats: StoreStats) -> RenderableTy
         columns,
         rows,
         title="namespaces",
-        right=("block", "TP", "keys", "pages", "bytes", "hits", "hit rate", "last use"),
+        right=("block", "TP", "keys", "pages", "disk (quota)", "pinned", "hits", "hit rate"),
     )
     return Group(summary, "", table)
 

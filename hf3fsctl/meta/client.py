@@ -22,6 +22,9 @@ Contract of the data-path calls (the store enforces it; both clients pass it thr
   exact (key, page) the writer was allocated. Returns how many committed.
 - `release(ns, rank, allocations)` → a writer gives up pending allocations (only the
   exact (key, page) pairs it holds); returns how many released.
+- Admin calls: `capacity()` / `set_capacity(bytes)` (the store's one budget, recorded
+  in the store), `pin` / `unpin` / `list_pins`, `drop_namespaces` (metadata only: the
+  caller removes the page files), `evict`, `stats`, `list_entries`.
 - `invalidate(ns, rank, items)` → a reader found these committed pages corrupt
   (`Location`s or `(key, page, checksum)`): each key whose entry on `rank` still has
   that exact page and checksum is dropped on every rank (pages freed honouring read
@@ -38,19 +41,24 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 from hf3fsctl.meta.models import (
     AllocateResult,
     Allocation,
+    CapacityInfo,
     CommitItem,
+    DropNamespacesResult,
     EntryInfo,
     EvictRequest,
     EvictResult,
     InvalidateItem,
     Location,
     NamespaceInfo,
+    PinInfo,
+    PinResult,
     RankFile,
     StoreStats,
 )
 
 if TYPE_CHECKING:
     from hf3fsctl.config import Config
+    from hf3fsctl.meta.policy import StorePolicy
 
 
 @runtime_checkable
@@ -120,6 +128,32 @@ class MetadataClient(Protocol):
         """Entries, most recently used first."""
         ...
 
+    def capacity(self) -> CapacityInfo:
+        """The store's recorded capacity and what its page files hold."""
+        ...
+
+    def set_capacity(self, capacity_bytes: int) -> CapacityInfo:
+        """Record the store's capacity."""
+        ...
+
+    def pin(self, namespace: str, keys: Sequence[str], ttl_s: float | None = None) -> PinResult:
+        """Keep keys out of LRU eviction; `InvalidRequest` past `storage.max_pinned`."""
+        ...
+
+    def unpin(self, namespace: str, keys: Sequence[str] | None = None) -> int:
+        """Drop pins (all of the namespace's when `keys` is None); returns how many."""
+        ...
+
+    def list_pins(self, namespace: str | None = None, limit: int = 1000) -> list[PinInfo]:
+        """Live pins, newest first."""
+        ...
+
+    def drop_namespaces(
+        self, namespace_ids: Sequence[str], *, dry_run: bool = False
+    ) -> DropNamespacesResult:
+        """Remove namespaces' metadata (the caller removes their page files)."""
+        ...
+
     def health(self) -> dict[str, Any]:
         """A cheap liveness check; raises `MetadataUnavailable` when down."""
         ...
@@ -137,11 +171,12 @@ def open_metadata_client(
     lease_s: float = 30.0,
     high_watermark: float = 0.95,
     low_watermark: float = 0.85,
+    policy: StorePolicy | None = None,
 ) -> MetadataClient:
     """Open the client for a metadata URL (`sqlite:///…` or `http(s)://…`).
 
-    The store-side settings (lease, watermarks) apply to the embedded store; a server
-    uses its own.
+    The store-side settings (lease, watermarks, capacity policy) apply to the embedded
+    store; a server uses its own.
     """
     from hf3fsctl.errors import ConfigError
 
@@ -154,6 +189,7 @@ def open_metadata_client(
             lease_s=lease_s,
             high_watermark=high_watermark,
             low_watermark=low_watermark,
+            policy=policy,
         )
     if url.startswith(("http://", "https://")):
         from hf3fsctl.meta.http import HttpMetadataClient
@@ -176,6 +212,8 @@ def connect(config: Config) -> MetadataClient:
             raise ConfigError(
                 f"metadata.token_file: cannot read {config.metadata.token_file!r}: {exc.strerror}"
             ) from None
+    from hf3fsctl.meta.policy import StorePolicy
+
     md = config.metadata
     return open_metadata_client(
         config.metadata_url,
@@ -184,4 +222,5 @@ def connect(config: Config) -> MetadataClient:
         lease_s=md.lease_s,
         high_watermark=md.high_watermark,
         low_watermark=md.low_watermark,
+        policy=StorePolicy.from_config(config),
     )

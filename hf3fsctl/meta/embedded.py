@@ -4,30 +4,53 @@ A thin wrapper over `MetadataStore` in this process: no server, and the schedule
 workers of one node share the database file safely (WAL, `BEGIN IMMEDIATE`). A call
 that cannot get the database within `timeout_s` (another process holds the write lock)
 raises `MetadataUnavailable`, like a slow server would.
+
+Lookup counters wait in the store's memory for a write, a lookup a second later, or
+`close`. A process that only looks up (the connector's scheduler side) and exits
+without `close` would lose them, where a server counts every lookup it answers; so the
+client also flushes them when it is collected and when its process exits (a plain
+interpreter exit, or the end of a multiprocessing child such as vLLM's EngineCore).
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
+from multiprocessing import util as mp_util
 from typing import Any
 
 from hf3fsctl.errors import ConfigError
 from hf3fsctl.meta.models import (
     AllocateResult,
     Allocation,
+    CapacityInfo,
     CommitItem,
+    DropNamespacesResult,
     EntryInfo,
     EvictRequest,
     EvictResult,
     InvalidateItem,
     Location,
     NamespaceInfo,
+    PinInfo,
+    PinResult,
     RankFile,
     StoreStats,
 )
+from hf3fsctl.meta.policy import StorePolicy
 from hf3fsctl.meta.store import MetadataStore, sqlite_path
 
 SCHEME = "sqlite:///"
+
+logger = logging.getLogger(__name__)
+
+
+def _flush_counters(store: MetadataStore) -> None:
+    """Write a store's pending lookup counters (at exit or collection; never raises)."""
+    try:
+        store.flush()
+    except Exception as exc:  # exiting or collecting: report what is lost, never raise
+        logger.warning("metadata store %s: lookup counters not flushed (%s)", store.path, exc)
 
 
 class EmbeddedMetadataClient:
@@ -39,6 +62,7 @@ class EmbeddedMetadataClient:
         lease_s: read-lease length of `locate`.
         high_watermark: allocate evicts above this usage…
         low_watermark: … down to this one.
+        policy: capacity, pins, quotas and the storage root (`StorePolicy`).
     """
 
     def __init__(
@@ -49,6 +73,7 @@ class EmbeddedMetadataClient:
         lease_s: float = 30.0,
         high_watermark: float = 0.95,
         low_watermark: float = 0.85,
+        policy: StorePolicy | None = None,
     ) -> None:
         if not url.startswith(SCHEME) or len(url) == len(SCHEME):
             raise ConfigError(f"metadata.url: {url!r} is not sqlite:///PATH")
@@ -59,7 +84,14 @@ class EmbeddedMetadataClient:
             high_watermark=high_watermark,
             low_watermark=low_watermark,
             busy_timeout_s=timeout_s,
+            policy=policy,
         )
+        # Flushes when the client is collected or its process exits, unless `close` (which
+        # flushes itself) cancelled it first. multiprocessing's Finalize rather than
+        # atexit: a process started by multiprocessing (vLLM's EngineCore, forked by
+        # default) ends with os._exit and runs only these; a forked copy of the client is
+        # skipped (it runs in the process that made it).
+        self._flush_at_exit = mp_util.Finalize(self, _flush_counters, (self.store,), exitpriority=0)
 
     def register_namespace(self, namespace: str, manifest: dict[str, Any]) -> NamespaceInfo:
         """Create a namespace, or return it if identical; `NamespaceConflict` if not."""
@@ -122,10 +154,37 @@ class EmbeddedMetadataClient:
         """Entries, most recently used first."""
         return self.store.list_entries(namespace, limit, offset)
 
+    def capacity(self) -> CapacityInfo:
+        """The store's recorded capacity and what its page files hold."""
+        return self.store.capacity()
+
+    def set_capacity(self, capacity_bytes: int) -> CapacityInfo:
+        """Record the store's capacity."""
+        return self.store.set_capacity(capacity_bytes)
+
+    def pin(self, namespace: str, keys: Sequence[str], ttl_s: float | None = None) -> PinResult:
+        """Keep keys out of LRU eviction; `InvalidRequest` past `storage.max_pinned`."""
+        return self.store.pin(namespace, keys, ttl_s)
+
+    def unpin(self, namespace: str, keys: Sequence[str] | None = None) -> int:
+        """Drop pins (all of the namespace's when `keys` is None); returns how many."""
+        return self.store.unpin(namespace, keys)
+
+    def list_pins(self, namespace: str | None = None, limit: int = 1000) -> list[PinInfo]:
+        """Live pins, newest first."""
+        return self.store.list_pins(namespace, limit)
+
+    def drop_namespaces(
+        self, namespace_ids: Sequence[str], *, dry_run: bool = False
+    ) -> DropNamespacesResult:
+        """Remove namespaces' metadata (the caller removes their page files)."""
+        return self.store.drop_namespaces(namespace_ids, dry_run=dry_run)
+
     def health(self) -> dict[str, Any]:
         """A cheap liveness check of the database."""
         return self.store.health()
 
     def close(self) -> None:
         """Flush counters and close the database connections."""
+        self._flush_at_exit.cancel()
         self.store.close()

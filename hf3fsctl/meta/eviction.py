@@ -10,8 +10,11 @@ Rules (DESIGN decision 5):
   since under a new page is never dropped by a stale report.
 - On the allocate path, least-recently-used keys go first, and among equally old keys
   the chain tails (greatest depth) before their heads; keys under a read lease are
-  skipped. Admin eviction may take leased keys, but their pages only become reusable
-  once the lease ends (`free_pages.reusable_after`).
+  skipped. `evict_lru` picks across the namespaces it is given (all of them for the
+  store's capacity, see `meta/capacity.py`). Admin eviction may take leased keys, but
+  their pages only become reusable once the lease ends (`free_pages.reusable_after`).
+- Pinned keys (`pins`, until their TTL) are never evicted by LRU, and by admin
+  eviction only when asked to (`include_pinned`).
 
 Every function takes an open connection inside `BEGIN IMMEDIATE` and never commits.
 """
@@ -20,11 +23,31 @@ from __future__ import annotations
 
 import sqlite3
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from hf3fsctl.meta.models import EvictRequest, EvictResult
 
 _BATCH = 256
+# A key is pinned while a pin row exists that has not expired (expires 0 = no TTL).
+NOT_PINNED = (
+    "NOT EXISTS (SELECT 1 FROM pins p WHERE p.namespace = e.namespace AND p.key = e.key"
+    " AND (p.expires = 0 OR p.expires > :now))"
+)
+
+
+def free_pages_of_rows(
+    conn: sqlite3.Connection, rows: Sequence[tuple[str, int, int, float]]
+) -> None:
+    """Put `(namespace, rank, page, reusable_after)` on the free list; `used` goes down."""
+    if not rows:
+        return
+    conn.executemany(
+        "INSERT INTO free_pages (namespace, rank, page, reusable_after) VALUES (?,?,?,?)", rows
+    )
+    counts: dict[tuple[str, int], int] = defaultdict(int)
+    for ns, rank, _, _ in rows:
+        counts[(ns, rank)] += 1
+    _apply_used(conn, counts)
 
 
 def _drop_key(
@@ -41,7 +64,7 @@ def _drop_key(
         (namespace, key),
     ).fetchall()
     conn.executemany(
-        "INSERT INTO free_pages VALUES (?,?,?,?)",
+        "INSERT INTO free_pages (namespace, rank, page, reusable_after) VALUES (?,?,?,?)",
         [(namespace, rank, page, max(now, lease)) for rank, page, lease in rows],
     )
     return [(rank, page) for rank, page, _ in rows]
@@ -61,13 +84,62 @@ def reclaim_expired(conn: sqlite3.Connection, namespace: str, rank: int, now: fl
         " RETURNING page",
         (namespace, rank, now),
     ).fetchall()
-    if rows:
-        conn.executemany(
-            "INSERT INTO free_pages VALUES (?,?,?,?)",
-            [(namespace, rank, page, now) for (page,) in rows],
-        )
-        _apply_used(conn, {(namespace, rank): len(rows)})
+    free_pages_of_rows(conn, [(namespace, rank, page, now) for (page,) in rows])
     return len(rows)
+
+
+def lru_candidates(
+    conn: sqlite3.Connection, now: float, scope: Sequence[str] | None, limit: int
+) -> list[tuple[str, str]]:
+    """The least-recently-used evictable keys of `scope` (None: every namespace).
+
+    Evictable: committed on every rank it has, none pending, no read lease, not pinned.
+    Ordered by last access, then chain tails (greatest depth) first.
+    """
+    where = NOT_PINNED
+    args: dict[str, object] = {"now": now, "limit": limit}
+    if scope is not None:
+        names = {f"ns{i}": ns for i, ns in enumerate(scope)}
+        where += f" AND e.namespace IN ({','.join(':' + n for n in names)})"
+        args.update(names)
+    return conn.execute(
+        f"SELECT e.namespace, e.key FROM entries e WHERE {where}"
+        " GROUP BY e.namespace, e.key"
+        " HAVING SUM(e.state = 0) = 0 AND MAX(e.lease_until) <= :now"
+        " ORDER BY MAX(e.last_access) ASC, MAX(e.depth) DESC LIMIT :limit",
+        args,
+    ).fetchall()
+
+
+def evict_lru(
+    conn: sqlite3.Connection,
+    now: float,
+    *,
+    scope: Sequence[str] | None,
+    satisfied: Callable[[], bool],
+    on_free: Callable[[str, int, int], None],
+    batch: int = _BATCH,
+) -> int:
+    """Evict LRU keys of `scope` (every rank at once) until `satisfied()`.
+
+    `on_free(namespace, rank, page)` is told of every freed page (all reusable now: the
+    candidates hold no lease). Returns how many keys were evicted.
+    """
+    freed: dict[tuple[str, int], int] = defaultdict(int)
+    evicted = 0
+    while not satisfied():
+        candidates = lru_candidates(conn, now, scope, batch)
+        if not candidates:
+            break
+        for ns, key in candidates:
+            if satisfied():
+                break
+            for rank, page in _drop_key(conn, ns, key, now):
+                freed[(ns, rank)] += 1
+                on_free(ns, rank, page)
+            evicted += 1
+    _apply_used(conn, freed)
+    return evicted
 
 
 def evict_for_allocation(
@@ -85,9 +157,16 @@ def evict_for_allocation(
     skipped = 0
     while used > target_used:
         batch = conn.execute(
-            "SELECT key FROM entries WHERE namespace = ? AND rank = ? AND state = 1"
-            " AND lease_until <= ? ORDER BY last_access ASC, depth DESC LIMIT ? OFFSET ?",
-            (namespace, rank, now, max(_BATCH, used - target_used), skipped),
+            "SELECT key FROM entries e WHERE namespace = :ns AND rank = :rank AND state = 1"
+            f" AND lease_until <= :now AND {NOT_PINNED}"
+            " ORDER BY last_access ASC, depth DESC LIMIT :limit OFFSET :offset",
+            {
+                "ns": namespace,
+                "rank": rank,
+                "now": now,
+                "limit": max(_BATCH, used - target_used),
+                "offset": skipped,
+            },
         ).fetchall()
         if not batch:
             break
@@ -141,26 +220,39 @@ def invalidate_pages(
     return dropped
 
 
-def evict_entries(conn: sqlite3.Connection, request: EvictRequest, now: float) -> EvictResult:
-    """Evict committed keys by the request's criteria (the caller commits or rolls back)."""
+def evict_entries(
+    conn: sqlite3.Connection, request: EvictRequest, now: float, capacity: int | None
+) -> EvictResult:
+    """Evict committed keys by the request's criteria (the caller commits or rolls back).
+
+    `target_usage` is a share of `capacity` (of the selected files' pages when the
+    store is unbounded) that the live pages are brought down to.
+    """
     scope, args = ("WHERE namespace = ?", [request.namespace]) if request.namespace else ("", [])
     slot_bytes: dict[tuple[str, int], int] = {}
     bytes_used = bytes_total = 0
-    for ns, rank, slot, used, num_pages in conn.execute(
-        f"SELECT namespace, rank, slot_bytes, used, num_pages FROM rank_files {scope}", args
+    for ns, rank, slot, used, next_unused in conn.execute(
+        f"SELECT namespace, rank, slot_bytes, used, next_unused FROM rank_files {scope}", args
     ):
         slot_bytes[(ns, rank)] = slot
         bytes_used += used * slot
-        bytes_total += num_pages * slot
-    having = "HAVING SUM(state = 0) = 0"
-    having_args: list[float] = []
+        bytes_total += next_unused * slot
+    if capacity is not None:
+        bytes_total = capacity
+    where = "" if request.include_pinned else NOT_PINNED
+    named: dict[str, object] = {"now": now}
+    if request.namespace:
+        where = " AND ".join(filter(None, ["e.namespace = :ns", where]))
+        named["ns"] = request.namespace
+    having = "HAVING SUM(e.state = 0) = 0"
     if request.older_than_s is not None:
-        having += " AND MAX(last_access) < ?"
-        having_args.append(now - request.older_than_s)
+        having += " AND MAX(e.last_access) < :before"
+        named["before"] = now - request.older_than_s
     candidates = conn.execute(
-        f"SELECT namespace, key FROM entries {scope} GROUP BY namespace, key {having}"
-        " ORDER BY MAX(last_access) ASC, MAX(depth) DESC",
-        (*args, *having_args),
+        f"SELECT e.namespace, e.key FROM entries e {'WHERE ' + where if where else ''}"
+        f" GROUP BY e.namespace, e.key {having}"
+        " ORDER BY MAX(e.last_access) ASC, MAX(e.depth) DESC",
+        named,
     ).fetchall()
     freed: dict[tuple[str, int], int] = defaultdict(int)
     by_namespace: dict[str, int] = defaultdict(int)

@@ -45,8 +45,10 @@ from hf3fsctl.meta.http_transport import HttpConnection
 from hf3fsctl.meta.models import (
     AllocateResult,
     Allocation,
+    CapacityInfo,
     CommitItem,
     CountResponse,
+    DropNamespacesResult,
     EntryInfo,
     EvictRequest,
     EvictResult,
@@ -55,6 +57,8 @@ from hf3fsctl.meta.models import (
     Location,
     LookupResponse,
     NamespaceInfo,
+    PinInfo,
+    PinResult,
     RankFile,
     StoreStats,
     page_triples,
@@ -74,6 +78,7 @@ _ERRORS: dict[str, type[Hf3fsctlError]] = {
 _BACKOFF_S = (0.05, 0.2)
 _NAMESPACES = TypeAdapter(list[NamespaceInfo])
 _ENTRIES = TypeAdapter(list[EntryInfo])
+_PINS = TypeAdapter(list[PinInfo])
 
 
 def _json_strings(strings: Sequence[str]) -> str:
@@ -316,6 +321,41 @@ class HttpMetadataClient:
             params["namespace"] = namespace
         raw = self._call("GET", "/v1/entries", idempotent=True, params=params)
         return _ENTRIES.validate_json(raw)
+
+    def capacity(self) -> CapacityInfo:
+        """The store's recorded capacity and what its page files hold."""
+        return CapacityInfo.model_validate_json(self._call("GET", "/v1/capacity", idempotent=True))
+
+    def set_capacity(self, capacity_bytes: int) -> CapacityInfo:
+        """Record the store's capacity (idempotent: retried)."""
+        body = self._dumps({"capacity_bytes": capacity_bytes})
+        return CapacityInfo.model_validate_json(
+            self._call("PUT", "/v1/capacity", body, idempotent=True)
+        )
+
+    def pin(self, namespace: str, keys: Sequence[str], ttl_s: float | None = None) -> PinResult:
+        """Keep keys out of LRU eviction (idempotent: retried)."""
+        body = self._dumps({"namespace": namespace, "keys": list(keys), "ttl_s": ttl_s})
+        return self._post("/v1/pins", body, PinResult, True)
+
+    def unpin(self, namespace: str, keys: Sequence[str] | None = None) -> int:
+        """Drop pins (all of the namespace's when `keys` is None); returns how many."""
+        body = self._dumps({"namespace": namespace, "keys": None if keys is None else list(keys)})
+        return self._post("/v1/unpin", body, CountResponse, True).count
+
+    def list_pins(self, namespace: str | None = None, limit: int = 1000) -> list[PinInfo]:
+        """Live pins, newest first."""
+        params: dict[str, Any] = {"limit": limit}
+        if namespace is not None:
+            params["namespace"] = namespace
+        return _PINS.validate_json(self._call("GET", "/v1/pins", idempotent=True, params=params))
+
+    def drop_namespaces(
+        self, namespace_ids: Sequence[str], *, dry_run: bool = False
+    ) -> DropNamespacesResult:
+        """Remove namespaces' metadata (not retried)."""
+        body = self._dumps({"namespaces": list(namespace_ids), "dry_run": dry_run})
+        return self._post("/v1/namespaces/drop", body, DropNamespacesResult, False)
 
     def health(self) -> dict[str, Any]:
         """`/healthz` of the service; `MetadataUnavailable` when it does not answer."""

@@ -2,8 +2,9 @@
 
 - `hf3fsctl_requests_total{route,status}` and `hf3fsctl_request_seconds{route}`, kept
   by an ASGI middleware (route = the route template, so ids never explode the labels);
-- store gauges read from the store at scrape time: pages used/total and bytes per
-  namespace, committed keys, hits, lookup traffic.
+- store gauges read from the store at scrape time: the store's capacity, used, free
+  and pinned bytes; per namespace pages and bytes in entries, disk held, quota, pins,
+  committed keys, hits, lookup traffic.
 """
 
 from __future__ import annotations
@@ -47,19 +48,47 @@ class _StoreCollector:
             "pages_used": GaugeMetricFamily(
                 "hf3fsctl_pages_used", "pages held by entries", labels=["namespace"]
             ),
-            "pages_total": GaugeMetricFamily(
-                "hf3fsctl_pages_total", "pages in registered rank files", labels=["namespace"]
+            "bytes_live": GaugeMetricFamily(
+                "hf3fsctl_bytes_live", "bytes of the pages held by entries", labels=["namespace"]
             ),
             "bytes_used": GaugeMetricFamily(
-                "hf3fsctl_bytes_used", "bytes held by entries", labels=["namespace"]
-            ),
-            "bytes_total": GaugeMetricFamily(
-                "hf3fsctl_bytes_total", "bytes of registered rank files", labels=["namespace"]
+                "hf3fsctl_bytes_used",
+                "disk held by the namespace's page files",
+                labels=["namespace"],
             ),
             "keys": GaugeMetricFamily(
                 "hf3fsctl_keys", "block keys committed on every rank", labels=["namespace"]
             ),
+            "pinned_bytes": GaugeMetricFamily(
+                "hf3fsctl_pinned_bytes", "bytes held by pinned keys", labels=["namespace"]
+            ),
         }
+        store_gauges = {
+            "capacity_bytes": GaugeMetricFamily(
+                "hf3fsctl_store_capacity_bytes", "the store's capacity (all namespaces)"
+            ),
+            "bytes_used": GaugeMetricFamily(
+                "hf3fsctl_store_used_bytes", "disk held by every page file of the store"
+            ),
+            "bytes_free": GaugeMetricFamily(
+                "hf3fsctl_store_free_bytes", "capacity minus what the page files hold"
+            ),
+            "pinned_bytes": GaugeMetricFamily(
+                "hf3fsctl_store_pinned_bytes", "bytes held by pinned keys"
+            ),
+        }
+        for name, gauge in store_gauges.items():
+            value = getattr(stats, name)
+            if value is not None:
+                gauge.add_metric([], float(value))
+        quota = GaugeMetricFamily(
+            "hf3fsctl_quota_bytes", "a namespace's quota (or its model's)", labels=["namespace"]
+        )
+        for ns in stats.namespaces:
+            if ns.quota_bytes is not None:
+                quota.add_metric([ns.id], float(ns.quota_bytes))
+        yield from store_gauges.values()
+        yield quota
         counters = {
             "hits": CounterMetricFamily(
                 "hf3fsctl_page_hits", "pages located for loading", labels=["namespace"]

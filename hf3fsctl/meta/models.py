@@ -33,7 +33,8 @@ class RankFile(_Model):
     path: str  # relative to the storage root, e.g. "<namespace>/rank-0000.pages"
     page_bytes: int = Field(gt=0)  # bytes of one page (a block, all layers, K and V)
     slot_bytes: int = Field(gt=0)  # bytes between page starts (page_bytes, aligned)
-    num_pages: int = Field(gt=0)  # pages the file holds
+    num_pages: int = Field(gt=0)  # pages the file can address (a growing file: its limit)
+    preallocated: bool = False  # fallocated at full size (else grows on demand)
 
 
 class NamespaceInfo(_Model):
@@ -110,6 +111,7 @@ class EvictRequest(_Model):
     target_usage: float | None = Field(default=None, ge=0, le=1)  # evict LRU down to this
     max_entries: int | None = Field(default=None, ge=0)  # evict at most this many keys
     all: bool = False
+    include_pinned: bool = False  # pinned keys are left alone unless this is set
     dry_run: bool = False
 
 
@@ -131,28 +133,102 @@ class NamespaceStats(_Model):
     num_ranks: int
     keys: int  # block keys committed on every rank (loadable)
     pages_used: int  # pages held by committed or pending entries, all ranks
-    pages_total: int  # pages in all registered rank files
-    bytes_used: int
-    bytes_total: int
+    bytes_live: int  # bytes of those pages
+    bytes_used: int  # disk held by its page files (live pages, free pages not given back)
+    quota_bytes: int | None  # its quota (or its model's), if any
+    pinned_keys: int
+    pinned_bytes: int  # pinned keys × page slots × ranks
     hits: int  # pages located for loading
     lookups: int  # lookup calls
     lookup_keys: int  # keys asked about in lookups
     hit_keys: int  # keys found by lookups
-    last_access: float | None
+    last_access: float | None  # newest entry access
+    last_used: float  # registration, lookups or loads, whichever is newest
 
 
 class StoreStats(_Model):
     """Usage and traffic of the whole store."""
 
     namespaces: list[NamespaceStats]
-    pages_used: int
-    pages_total: int
-    bytes_used: int
-    bytes_total: int
+    capacity_bytes: int | None  # the store's one budget (None: unbounded)
+    bytes_used: int  # disk held by every page file
+    bytes_free: int | None  # capacity - used (None: unbounded)
+    bytes_live: int  # bytes of pages held by entries
+    pages_used: int  # pages held by entries
+    pinned_keys: int
+    pinned_bytes: int
+    max_pinned_bytes: int | None
 
     @property
     def usage(self) -> float:
-        return self.bytes_used / self.bytes_total if self.bytes_total else 0.0
+        """Held bytes as a share of the capacity (0 when unbounded)."""
+        return self.bytes_used / self.capacity_bytes if self.capacity_bytes else 0.0
+
+
+class CapacityInfo(_Model):
+    """The store's recorded capacity and what holds it."""
+
+    capacity_bytes: int | None
+    bytes_used: int
+    bytes_free: int | None
+
+
+class SetCapacityRequest(_Model):
+    capacity_bytes: int = Field(gt=0)
+
+
+class PinRequest(_Model):
+    """Keep keys of a namespace out of LRU eviction (for `ttl_s` seconds, or until unpinned)."""
+
+    namespace: NamespaceId
+    keys: list[Key]
+    ttl_s: float | None = Field(default=None, gt=0)
+
+
+class UnpinRequest(_Model):
+    """Drop pins: the given keys, or every pin of the namespace when `keys` is None."""
+
+    namespace: NamespaceId
+    keys: list[Key] | None = None
+
+
+class PinResult(_Model):
+    """Outcome of `pin`."""
+
+    pinned: int  # keys pinned (new or refreshed)
+    stored: int  # of those, keys committed now
+    pinned_bytes: int  # bytes all pins of the store hold after this call
+    max_pinned_bytes: int | None
+
+
+class PinInfo(_Model):
+    """One pin, for `ls --pins`."""
+
+    namespace: NamespaceId
+    key: Key
+    created: float
+    expires: float | None  # None: until unpinned
+    stored: bool  # committed on every rank now
+
+
+class DropNamespacesRequest(_Model):
+    """Remove namespaces' metadata: entries, rank files, pins, the namespace itself."""
+
+    namespaces: list[NamespaceId]
+    dry_run: bool = False
+
+
+class DroppedNamespace(_Model):
+    id: NamespaceId
+    keys: int  # committed keys removed
+    bytes: int  # disk its page files held
+    rank_files: list[str]  # their paths, relative to the storage root
+    skipped: str | None = None  # why it was left alone (a writer is active)
+
+
+class DropNamespacesResult(_Model):
+    namespaces: list[DroppedNamespace]
+    dry_run: bool
 
 
 class EntryInfo(_Model):
@@ -169,6 +245,7 @@ class EntryInfo(_Model):
     created: float
     last_access: float
     hits: int
+    pinned: bool = False
 
 
 # --- request bodies (HTTP) ---------------------------------------------------------

@@ -16,7 +16,7 @@ from typing import Any
 
 from hf3fsctl.errors import InvalidRequest, NamespaceConflict, NotFound
 from hf3fsctl.keys import namespace_id
-from hf3fsctl.meta.models import NamespaceInfo, RankFile
+from hf3fsctl.meta.models import DroppedNamespace, NamespaceInfo, RankFile
 
 logger = logging.getLogger(__name__)
 
@@ -36,12 +36,15 @@ def insert_namespace(
     existing = row.fetchone()
     if existing is None:
         conn.execute(
-            "INSERT INTO namespaces (id, manifest, num_ranks, created) VALUES (?,?,?,?)",
-            (namespace, text, num_ranks, time.time()),
+            "INSERT INTO namespaces (id, manifest, num_ranks, created, last_used)"
+            " VALUES (?,?,?,?,?)",
+            (namespace, text, num_ranks, time.time(), time.time()),
         )
         logger.info("registered namespace %s (%d ranks)", namespace, num_ranks)
     elif existing[0] != text:
         raise NamespaceConflict(f"namespace {namespace} exists with another manifest")
+    else:
+        conn.execute("UPDATE namespaces SET last_used = ? WHERE id = ?", (time.time(), namespace))
     return namespace_info(conn, namespace)
 
 
@@ -72,7 +75,7 @@ def insert_rank_file(
             return info
     conn.execute(
         "INSERT INTO rank_files (namespace, rank, path, page_bytes, slot_bytes,"
-        " num_pages) VALUES (?,?,?,?,?,?)",
+        " num_pages, preallocated) VALUES (?,?,?,?,?,?,?)",
         (
             namespace,
             rank_file.rank,
@@ -80,6 +83,7 @@ def insert_rank_file(
             rank_file.page_bytes,
             rank_file.slot_bytes,
             rank_file.num_pages,
+            int(rank_file.preallocated),
         ),
     )
     return namespace_info(conn, namespace)
@@ -99,7 +103,7 @@ def namespace_info(conn: sqlite3.Connection, namespace: str) -> NamespaceInfo:
     if row is None:
         raise NotFound(f"namespace {namespace} is not registered")
     ranks = conn.execute(
-        "SELECT rank, path, page_bytes, slot_bytes, num_pages FROM rank_files"
+        "SELECT rank, path, page_bytes, slot_bytes, num_pages, preallocated FROM rank_files"
         " WHERE namespace = ? ORDER BY rank",
         (namespace,),
     ).fetchall()
@@ -109,7 +113,14 @@ def namespace_info(conn: sqlite3.Connection, namespace: str) -> NamespaceInfo:
         num_ranks=row[1],
         created=row[2],
         rank_files=[
-            RankFile(rank=r[0], path=r[1], page_bytes=r[2], slot_bytes=r[3], num_pages=r[4])
+            RankFile(
+                rank=r[0],
+                path=r[1],
+                page_bytes=r[2],
+                slot_bytes=r[3],
+                num_pages=r[4],
+                preallocated=bool(r[5]),
+            )
             for r in ranks
         ],
     )
@@ -124,3 +135,41 @@ def manifest_ranks(manifest: dict[str, Any]) -> int:
             raise InvalidRequest(f"manifest {name} must be a positive integer, got {value!r}")
         sizes.append(value)
     return sizes[0] * sizes[1]
+
+
+def drop_namespace(
+    conn: sqlite3.Connection, namespace: str, now: float, *, dry_run: bool
+) -> DroppedNamespace:
+    """Remove a namespace's rows (write transaction); skipped while a writer is active."""
+    info = namespace_info(conn, namespace)
+    keys = conn.execute(
+        "SELECT COUNT(DISTINCT key) FROM entries WHERE namespace = ? AND state = 1", (namespace,)
+    ).fetchone()[0]
+    held = conn.execute(
+        "SELECT SUM(CASE WHEN preallocated THEN num_pages * slot_bytes"
+        " ELSE (next_unused - holes) * slot_bytes END) FROM rank_files WHERE namespace = ?",
+        (namespace,),
+    ).fetchone()[0]
+    writing = conn.execute(
+        "SELECT COUNT(*) FROM entries WHERE namespace = ? AND state = 0 AND deadline >= ?",
+        (namespace, now),
+    ).fetchone()[0]
+    result = DroppedNamespace(
+        id=namespace,
+        keys=keys,
+        bytes=int(held or 0),
+        rank_files=[rf.path for rf in info.rank_files],
+        skipped=f"{writing} pages are being written" if writing else None,
+    )
+    if writing or dry_run:
+        return result
+    for table, column in (
+        ("entries", "namespace"),
+        ("free_pages", "namespace"),
+        ("rank_files", "namespace"),
+        ("pins", "namespace"),
+        ("namespaces", "id"),
+    ):
+        conn.execute(f"DELETE FROM {table} WHERE {column} = ?", (namespace,))
+    logger.info("dropped namespace %s (%d keys, %d bytes)", namespace, keys, result.bytes)
+    return result

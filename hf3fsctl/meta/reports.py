@@ -10,16 +10,27 @@ from __future__ import annotations
 import json
 import sqlite3
 
+from hf3fsctl.meta.capacity import quota_scopes
 from hf3fsctl.meta.models import NamespaceStats, StoreStats
+from hf3fsctl.meta.pins import key_bytes, pinned_counts
 
 
-def store_stats(conn: sqlite3.Connection) -> StoreStats:
-    """Usage and traffic of every namespace, and totals."""
+def store_stats(
+    conn: sqlite3.Connection,
+    *,
+    capacity: int | None,
+    quotas: dict[str, int],
+    max_pinned: int | None,
+    now: float,
+) -> StoreStats:
+    """Usage and traffic of every namespace, and totals against the capacity."""
     usage = {
         row[0]: row[1:]
         for row in conn.execute(
-            "SELECT namespace, SUM(used), SUM(num_pages), SUM(used * slot_bytes),"
-            " SUM(num_pages * slot_bytes) FROM rank_files GROUP BY namespace"
+            "SELECT namespace, SUM(used), SUM(used * slot_bytes),"
+            " SUM(CASE WHEN preallocated THEN num_pages * slot_bytes"
+            " ELSE (next_unused - holes) * slot_bytes END)"
+            " FROM rank_files GROUP BY namespace"
         )
     }
     complete = dict(
@@ -33,12 +44,19 @@ def store_stats(conn: sqlite3.Connection) -> StoreStats:
     last_access = dict(
         conn.execute("SELECT namespace, MAX(last_access) FROM entries GROUP BY namespace")
     )
+    pins = pinned_counts(conn, now)
+    sizes = key_bytes(conn)
+    quota_of: dict[str, int] = {}
+    for scope, limit in quota_scopes(conn, quotas):
+        for ns in scope:
+            quota_of[ns] = min(limit, quota_of.get(ns, limit))
     namespaces = []
-    for ns, manifest, num_ranks, hits, lookups, lookup_keys, hit_keys in conn.execute(
-        "SELECT id, manifest, num_ranks, hits, lookups, lookup_keys, hit_keys"
+    for ns, manifest, num_ranks, hits, lookups, lookup_keys, hit_keys, last_used in conn.execute(
+        "SELECT id, manifest, num_ranks, hits, lookups, lookup_keys, hit_keys, last_used"
         " FROM namespaces ORDER BY created"
     ):
-        used, total, bytes_used, bytes_total = usage.get(ns, (0, 0, 0, 0))
+        used, live, held = usage.get(ns, (0, 0, 0))
+        accessed = last_access.get(ns)
         namespaces.append(
             NamespaceStats(
                 id=ns,
@@ -46,20 +64,28 @@ def store_stats(conn: sqlite3.Connection) -> StoreStats:
                 num_ranks=num_ranks,
                 keys=complete.get(ns, 0),
                 pages_used=used or 0,
-                pages_total=total or 0,
-                bytes_used=bytes_used or 0,
-                bytes_total=bytes_total or 0,
+                bytes_live=live or 0,
+                bytes_used=held or 0,
+                quota_bytes=quota_of.get(ns),
+                pinned_keys=pins.get(ns, 0),
+                pinned_bytes=pins.get(ns, 0) * sizes.get(ns, 0),
                 hits=hits,
                 lookups=lookups,
                 lookup_keys=lookup_keys,
                 hit_keys=hit_keys,
-                last_access=last_access.get(ns),
+                last_access=accessed,
+                last_used=max(last_used, accessed or 0.0),
             )
         )
+    held_total = sum(n.bytes_used for n in namespaces)
     return StoreStats(
         namespaces=namespaces,
+        capacity_bytes=capacity,
+        bytes_used=held_total,
+        bytes_free=None if capacity is None else max(0, capacity - held_total),
+        bytes_live=sum(n.bytes_live for n in namespaces),
         pages_used=sum(n.pages_used for n in namespaces),
-        pages_total=sum(n.pages_total for n in namespaces),
-        bytes_used=sum(n.bytes_used for n in namespaces),
-        bytes_total=sum(n.bytes_total for n in namespaces),
+        pinned_keys=sum(n.pinned_keys for n in namespaces),
+        pinned_bytes=sum(n.pinned_bytes for n in namespaces),
+        max_pinned_bytes=max_pinned,
     )

@@ -4,14 +4,20 @@ Tables:
 
 - `namespaces`: one row per namespace (manifest JSON, rank count, durable traffic
   counters).
+- `store_info`: `schema_version`, and `capacity_bytes` (the store's one budget, shared by
+  every namespace and rank; absent = unbounded).
+- `namespaces`: … plus `last_used` (registration, lookups, loads), for `evict --stale`.
 - `rank_files`: one row per (namespace, rank) page file; `next_unused` is the high-water
-  mark of pages ever handed out, `used` the pages held by entries.
+  mark of pages ever handed out, `used` the pages held by entries, `holes` the free pages
+  whose disk space was given back (punched). A growing file holds
+  `(next_unused - holes) * slot_bytes` of disk; a `preallocated` one its whole size.
 - `entries`: one row per (namespace, key, rank): the page, its state (0 pending,
   1 committed), checksum, size, chain depth, times, hits, the pending writer's
   `deadline`, the read `lease_until`, and `page_free_at` (when the page it took from the
   free list became reusable; 0 for a never-used page).
 - `free_pages`: pages given back, each reusable only after `reusable_after` (the latest
-  read lease of the entry that held it).
+  read lease of the entry that held it); `punched` once its disk space was returned.
+- `pins`: (namespace, key) kept out of LRU eviction until `expires` (0 = no TTL).
 - `changes`: an append-only log, written by triggers, of every (namespace, key) that
   gained (+1) or lost (-1) a committed rank. Each process's `CommittedIndex` replays it
   to keep an in-memory copy of the committed set for `lookup`; old rows are pruned.
@@ -29,7 +35,7 @@ returns one row per violation, rendered with its message template.
 
 from __future__ import annotations
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 PENDING = 0
 COMMITTED = 1
@@ -47,7 +53,8 @@ CREATE TABLE IF NOT EXISTS namespaces (
     hits INTEGER NOT NULL DEFAULT 0,
     lookups INTEGER NOT NULL DEFAULT 0,
     lookup_keys INTEGER NOT NULL DEFAULT 0,
-    hit_keys INTEGER NOT NULL DEFAULT 0
+    hit_keys INTEGER NOT NULL DEFAULT 0,
+    last_used REAL NOT NULL DEFAULT 0
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS rank_files (
     namespace TEXT NOT NULL,
@@ -58,6 +65,8 @@ CREATE TABLE IF NOT EXISTS rank_files (
     num_pages INTEGER NOT NULL,
     next_unused INTEGER NOT NULL DEFAULT 0,
     used INTEGER NOT NULL DEFAULT 0,
+    preallocated INTEGER NOT NULL DEFAULT 0,
+    holes INTEGER NOT NULL DEFAULT 0,
     PRIMARY KEY (namespace, rank)
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS entries (
@@ -85,7 +94,15 @@ CREATE TABLE IF NOT EXISTS free_pages (
     rank INTEGER NOT NULL,
     page INTEGER NOT NULL,
     reusable_after REAL NOT NULL,
+    punched INTEGER NOT NULL DEFAULT 0,
     PRIMARY KEY (namespace, rank, page)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS pins (
+    namespace TEXT NOT NULL,
+    key TEXT NOT NULL,
+    expires REAL NOT NULL DEFAULT 0,
+    created REAL NOT NULL,
+    PRIMARY KEY (namespace, key)
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS free_pages_by_time ON free_pages (namespace, rank, reusable_after);
 CREATE TABLE IF NOT EXISTS changes (
@@ -108,6 +125,39 @@ BEGIN
     INSERT INTO changes (namespace, key, delta) VALUES (old.namespace, old.key, -1);
 END;
 """
+
+# Columns added since schema 1, as (table, column, declaration, value for existing rows).
+# Files registered by schema 1 were preallocated at their full size.
+_ADDED_IN_2 = [
+    ("namespaces", "last_used", "REAL NOT NULL DEFAULT 0", "created"),
+    ("rank_files", "preallocated", "INTEGER NOT NULL DEFAULT 0", "1"),
+    ("rank_files", "holes", "INTEGER NOT NULL DEFAULT 0", "0"),
+    ("free_pages", "punched", "INTEGER NOT NULL DEFAULT 0", "0"),
+]
+
+
+def migration_sql(version: int, columns: dict[str, set[str]]) -> str:
+    """The statements that bring a store of schema `version` to `SCHEMA_VERSION`.
+
+    Args:
+        version: the stored `schema_version`.
+        columns: each existing table's column names (from `PRAGMA table_info`).
+
+    Returns:
+        SQL to run inside the schema transaction (empty when already current).
+    """
+    statements: list[str] = []
+    if version < 2:
+        for table, column, declaration, value in _ADDED_IN_2:
+            if column not in columns.get(table, set()):
+                statements.append(f"ALTER TABLE {table} ADD COLUMN {column} {declaration};")
+                statements.append(f"UPDATE {table} SET {column} = {value};")
+    if version < SCHEMA_VERSION:
+        statements.append(
+            f"UPDATE store_info SET value = '{SCHEMA_VERSION}' WHERE name = 'schema_version';"
+        )
+    return "".join(statements)
+
 
 # (message template, query returning the template's fields, one row per violation)
 INVARIANT_QUERIES: list[tuple[str, str]] = [
@@ -186,6 +236,20 @@ INVARIANT_QUERIES: list[tuple[str, str]] = [
         "rank file {} rank {}: high-water mark {} exceeds its {} pages",
         "SELECT namespace, rank, next_unused, num_pages FROM rank_files "
         "WHERE next_unused > num_pages OR next_unused < 0",
+    ),
+    (
+        "rank file {} rank {} counts {} holes but {} free pages are punched",
+        """SELECT r.namespace, r.rank, r.holes,
+                  (SELECT COUNT(*) FROM free_pages f WHERE f.namespace = r.namespace
+                   AND f.rank = r.rank AND f.punched = 1)
+           FROM rank_files r
+           WHERE r.holes != (SELECT COUNT(*) FROM free_pages f WHERE f.namespace = r.namespace
+                             AND f.rank = r.rank AND f.punched = 1)""",
+    ),
+    (
+        "pin {}/{} belongs to no registered namespace",
+        """SELECT p.namespace, p.key FROM pins p
+           LEFT JOIN namespaces n ON n.id = p.namespace WHERE n.id IS NULL""",
     ),
     (
         "rank file {} rank {} belongs to no registered namespace",

@@ -11,6 +11,9 @@ Routes (bodies are the `*Request` models of `meta/models.py`; answers are JSON m
 | `POST /v1/lookup`, `/v1/locate`, `/v1/allocate`, `/v1/commit`, `/v1/release` | data path |
 | `POST /v1/invalidate` | drop keys whose pages a reader found corrupt |
 | `POST /v1/evict`, `GET /v1/stats`, `GET /v1/entries` | admin |
+| `GET /v1/capacity`, `PUT /v1/capacity` | the store's recorded capacity |
+| `POST /v1/pins`, `POST /v1/unpin`, `GET /v1/pins` | pins (kept out of LRU eviction) |
+| `POST /v1/namespaces/drop` | remove namespaces' metadata (`evict --stale`) |
 
 Auth: when a token is configured, every `/v1` route and `/metrics` need
 `Authorization: Bearer <token>` (the simplest rule that cannot leak a namespace's
@@ -34,6 +37,7 @@ corrupt pages.
 
 from __future__ import annotations
 
+import dataclasses
 import hmac
 import json
 import logging
@@ -60,16 +64,21 @@ from hf3fsctl.errors import (
 from hf3fsctl.meta.data_routes import BatchTooLarge, DataRoutes
 from hf3fsctl.meta.models import (
     CountResponse,
+    DropNamespacesRequest,
     ErrorResponse,
     EvictRequest,
     InvalidateRequest,
+    PinRequest,
     RegisterNamespaceRequest,
     RegisterRankRequest,
+    SetCapacityRequest,
+    UnpinRequest,
 )
 
 if TYPE_CHECKING:
     from pydantic import BaseModel
 
+    from hf3fsctl.meta.policy import StorePolicy
     from hf3fsctl.meta.store import MetadataStore
 
 logger = logging.getLogger(__name__)
@@ -232,6 +241,33 @@ def create_app(
     def stats() -> Response:
         return reply(store.stats())
 
+    @app.get("/v1/capacity", dependencies=auth)
+    def get_capacity() -> Response:
+        return reply(store.capacity())
+
+    @app.put("/v1/capacity", dependencies=auth)
+    def set_capacity(body: SetCapacityRequest) -> Response:
+        return reply(store.set_capacity(body.capacity_bytes))
+
+    @app.post("/v1/pins", dependencies=auth)
+    def pin(body: PinRequest) -> Response:
+        check_batch(len(body.keys))
+        return reply(store.pin(body.namespace, body.keys, body.ttl_s))
+
+    @app.post("/v1/unpin", dependencies=auth)
+    def unpin(body: UnpinRequest) -> Response:
+        check_batch(len(body.keys or ()))
+        return reply(CountResponse(count=store.unpin(body.namespace, body.keys)))
+
+    @app.get("/v1/pins", dependencies=auth)
+    def list_pins(namespace: str | None = None, limit: int = 1000) -> Response:
+        check_batch(limit)
+        return reply_list(store.list_pins(namespace, limit))
+
+    @app.post("/v1/namespaces/drop", dependencies=auth)
+    def drop_namespaces(body: DropNamespacesRequest) -> Response:
+        return reply(store.drop_namespaces(body.namespaces, dry_run=body.dry_run))
+
     @app.get("/v1/entries", dependencies=auth)
     def entries(namespace: str | None = None, limit: int = 100, offset: int = 0) -> Response:
         check_batch(limit)
@@ -303,6 +339,7 @@ def run_server(
     low_watermark: float = 0.85,
     log_level: str = "info",
     workers: int = 1,
+    policy: StorePolicy | None = None,
 ) -> None:
     """Serve the store at `store_path_or_url` on `host:port` until interrupted.
 
@@ -323,6 +360,7 @@ def run_server(
         "lease_s": lease_s,
         "high_watermark": high_watermark,
         "low_watermark": low_watermark,
+        "policy": dataclasses.asdict(policy) if policy is not None else None,
     }
     logger.info(
         "serving metadata store %s on http://%s:%d (%d worker%s)",
@@ -358,14 +396,17 @@ def app_from_environment() -> FastAPI:
 
 def _app_from_settings(settings: dict[str, Any]) -> FastAPI:
     """A store and its app; the store is closed (counters flushed) at shutdown."""
+    from hf3fsctl.meta.policy import StorePolicy
     from hf3fsctl.meta.store import MetadataStore
 
+    policy = settings.get("policy")
     store = MetadataStore(
         settings["db"],
         lease_s=settings["lease_s"],
         high_watermark=settings["high_watermark"],
         low_watermark=settings["low_watermark"],
         background_checkpoint=True,
+        policy=StorePolicy(**policy) if policy else None,
     )
     app = create_app(
         store,

@@ -15,9 +15,13 @@ Contract (DESIGN decisions 4–5; the `MetadataClient` protocol in `meta/client.
   rank at once, leases honoured), so no later request is offered them again.
 - Pages: each rank file hands out pages from a high-water counter (`next_unused`) and
   a free list; a page freed while a read lease holds it is reusable only once the lease
-  ends. Allocation above `high_watermark` evicts least-recently-used keys (chain tails
-  before heads, a key on all ranks at once, never pending or leased entries) down to
-  `low_watermark`.
+  ends. A file with a fixed number of pages evicts its own LRU keys when fuller than
+  `high_watermark`.
+- Capacity (`meta/capacity.py`): one recorded capacity for the whole store; an
+  allocation that would take the store's page files above `high_watermark` of it evicts
+  least-recently-used keys of any namespace (chain tails before heads, a key on all ranks
+  at once, never pending, leased or pinned keys) down to `low_watermark`, and gives the
+  freed space back to the file system; quotas cap a namespace's or a model's share.
 - Traffic counters of `lookup` (read-only calls) are accumulated in memory and written
   with the next write transaction, or by the next lookup once a second has passed, so a
   lookup never pays for a write; a crash loses at most about a second of counts.
@@ -44,7 +48,8 @@ from pydantic import TypeAdapter
 
 from hf3fsctl.errors import InvalidRequest, MetadataUnavailable, NotFound
 from hf3fsctl.keys import check_key, check_namespace_id
-from hf3fsctl.meta import namespaces, schema
+from hf3fsctl.meta import capacity as room
+from hf3fsctl.meta import namespaces, pins, schema
 from hf3fsctl.meta.checkpointer import WalCheckpointer
 from hf3fsctl.meta.committed_index import CommittedIndex, prune_changes
 from hf3fsctl.meta.eviction import (
@@ -56,7 +61,9 @@ from hf3fsctl.meta.eviction import (
 from hf3fsctl.meta.models import (
     AllocateResult,
     Allocation,
+    CapacityInfo,
     CommitItem,
+    DropNamespacesResult,
     EntryInfo,
     EvictRequest,
     EvictResult,
@@ -64,10 +71,13 @@ from hf3fsctl.meta.models import (
     Location,
     NamespaceInfo,
     NamespaceStats,
+    PinInfo,
+    PinResult,
     RankFile,
     StoreStats,
     page_triples,
 )
+from hf3fsctl.meta.policy import StorePolicy, resolve_capacity
 from hf3fsctl.meta.writer_lock import WriterLock
 
 logger = logging.getLogger(__name__)
@@ -129,6 +139,8 @@ class MetadataStore:
         background_checkpoint: checkpoint the WAL in a background thread
             (`WalCheckpointer`) rather than inside whichever commit fills it; for
             long-running processes (the server).
+        policy: capacity, pins, quotas and the storage root (`StorePolicy`). Without
+            one the store is unbounded, as are pins, and freed space stays in its files.
     """
 
     def __init__(
@@ -142,6 +154,7 @@ class MetadataStore:
         pending_timeout_s: float = 120.0,
         durable: bool = False,
         background_checkpoint: bool = False,
+        policy: StorePolicy | None = None,
     ) -> None:
         if not 0 <= low_watermark <= high_watermark <= 1:
             raise InvalidRequest(
@@ -156,6 +169,8 @@ class MetadataStore:
         self.pending_timeout_s = float(pending_timeout_s)
         self.durable = durable
         self.background_checkpoint = background_checkpoint
+        self.policy = policy or StorePolicy(storage_root=None, capacity="100%")
+        self._punch_warned = False
         self._local = threading.local()
         self._connections: list[sqlite3.Connection] = []
         self._connections_lock = threading.Lock()
@@ -168,6 +183,7 @@ class MetadataStore:
         self._index = CommittedIndex()
         self._commits = 0
         self._init_schema()
+        self._capacity = self._record_default_capacity()
         self._checkpointer = WalCheckpointer(self.path).start() if background_checkpoint else None
 
     # --- connections and transactions ------------------------------------------------
@@ -204,12 +220,132 @@ class MetadataStore:
                         "BEGIN IMMEDIATE;"
                         + schema.DDL
                         + "INSERT OR IGNORE INTO store_info VALUES ('schema_version', "
-                        + f"'{schema.SCHEMA_VERSION}');COMMIT;"
+                        + f"'{schema.SCHEMA_VERSION}');"
                     )
+                    self._migrate(conn)
+                    conn.execute("COMMIT")
                 except BaseException:
                     if conn.in_transaction:
                         conn.execute("ROLLBACK")
                     raise
+
+    def _migrate(self, conn: sqlite3.Connection) -> None:
+        """Bring an older schema up to date, in the schema transaction."""
+        row = conn.execute("SELECT value FROM store_info WHERE name = 'schema_version'")
+        version = int(row.fetchone()[0])
+        if version > schema.SCHEMA_VERSION:
+            raise MetadataUnavailable(
+                f"metadata store {self.path} has schema {version}, newer than this version "
+                f"of hf3fsctl understands ({schema.SCHEMA_VERSION})",
+                hint="upgrade hf3fsctl on this node to the version that wrote the store",
+            )
+        columns = {
+            table: {r[1] for r in conn.execute(f"PRAGMA table_info({table})")}
+            for table in ("namespaces", "rank_files", "free_pages")
+        }
+        sql = schema.migration_sql(version, columns)
+        if sql:
+            for statement in filter(None, (part.strip() for part in sql.split(";"))):
+                conn.execute(statement)
+            logger.info(
+                "metadata store %s: schema %d migrated to %d",
+                self.path,
+                version,
+                schema.SCHEMA_VERSION,
+            )
+
+    # --- capacity ----------------------------------------------------------------------
+
+    def _record_default_capacity(self) -> int | None:
+        """The recorded capacity; records the policy's default when there is none yet."""
+        with self._read() as conn:
+            recorded = self._stored_capacity(conn)
+            held = room.held_bytes(conn)
+        if recorded is not None:
+            return recorded
+        root = self.policy.storage_root
+        if root is None or not Path(root).is_dir():
+            logger.log(
+                logging.WARNING if root is not None else logging.DEBUG,
+                "metadata store %s has no recorded capacity and no storage root here to "
+                "size one from: unbounded until `hf3fsctl init --capacity` records one",
+                self.path,
+            )
+            return None
+        value = resolve_capacity(self.policy.capacity, root, held)
+        with self._write() as conn:
+            if self._stored_capacity(conn) is None:
+                self._store_capacity(conn, value)
+                logger.info("metadata store %s: capacity %d bytes recorded", self.path, value)
+            return self._stored_capacity(conn)
+
+    @staticmethod
+    def _stored_capacity(conn: sqlite3.Connection) -> int | None:
+        row = conn.execute("SELECT value FROM store_info WHERE name = 'capacity_bytes'")
+        found = row.fetchone()
+        return int(found[0]) if found else None
+
+    @staticmethod
+    def _store_capacity(conn: sqlite3.Connection, value: int) -> None:
+        conn.execute(
+            "INSERT INTO store_info VALUES ('capacity_bytes', ?)"
+            " ON CONFLICT (name) DO UPDATE SET value = excluded.value",
+            (str(int(value)),),
+        )
+
+    def set_capacity(self, capacity_bytes: int) -> CapacityInfo:
+        """Record the store's capacity (every process enforces the recorded value)."""
+        if isinstance(capacity_bytes, bool) or not isinstance(capacity_bytes, int):
+            raise InvalidRequest(f"capacity must be a number of bytes, got {capacity_bytes!r}")
+        if capacity_bytes <= 0:
+            raise InvalidRequest(f"capacity must be positive, got {capacity_bytes}")
+        with self._write() as conn:
+            self._store_capacity(conn, capacity_bytes)
+        self._capacity = capacity_bytes
+        return self.capacity()
+
+    def capacity(self) -> CapacityInfo:
+        """The recorded capacity and the bytes the page files hold."""
+        with self._read() as conn:
+            cap = self._stored_capacity(conn)
+            held = room.held_bytes(conn)
+        self._capacity = cap
+        return CapacityInfo(
+            capacity_bytes=cap,
+            bytes_used=held,
+            bytes_free=None if cap is None else max(0, cap - held),
+        )
+
+    def _bounds(self, conn: sqlite3.Connection) -> room.Bounds:
+        cap = self._stored_capacity(conn)
+        self._capacity = cap
+        return room.Bounds(
+            capacity=cap,
+            high=self.high_watermark,
+            low=self.low_watermark,
+            quotas=room.quota_scopes(conn, self.policy.quota_bytes(cap)),
+            punch=self._puncher(),
+        )
+
+    def _puncher(self) -> room.Puncher | None:
+        """How this process gives freed pages' space back (None: it has no storage root)."""
+        root = self.policy.storage_root
+        if root is None or not Path(root).is_dir():
+            return None
+        from hf3fsctl.storage.layout import punch_pages
+
+        def punch(relpath: str, slot: int, page_list: Sequence[int]) -> bool:
+            done = punch_pages(root, relpath, slot, page_list)
+            if not done and not self._punch_warned:
+                self._punch_warned = True
+                logger.warning(
+                    "cannot give freed pages of %s back to the file system (no hole "
+                    "punching there): their space stays with that page file",
+                    relpath,
+                )
+            return done
+
+        return punch
 
     @contextmanager
     def _unavailable_on_busy(self) -> Iterator[None]:
@@ -264,10 +400,11 @@ class MetadataStore:
             counters, self._counters = self._counters, {}
             self._last_flush = time.monotonic()
         if counters:
+            now = time.time()
             conn.executemany(
                 "UPDATE namespaces SET lookups = lookups + ?, lookup_keys = lookup_keys + ?,"
-                " hit_keys = hit_keys + ? WHERE id = ?",
-                [(c[0], c[1], c[2], ns) for ns, c in counters.items()],
+                " hit_keys = hit_keys + ?, last_used = MAX(last_used, ?) WHERE id = ?",
+                [(c[0], c[1], c[2], now, ns) for ns, c in counters.items()],
             )
 
     def flush(self) -> None:
@@ -405,7 +542,8 @@ class MetadataStore:
                 )
             if found:
                 conn.execute(
-                    "UPDATE namespaces SET hits = hits + ? WHERE id = ?", (len(found), namespace)
+                    "UPDATE namespaces SET hits = hits + ?, last_used = ? WHERE id = ?",
+                    (len(found), now, namespace),
                 )
         return [found.get(key) for key in keys]
 
@@ -470,11 +608,19 @@ class MetadataStore:
                     [(d, depth, now, namespace, key, rank) for d, depth, key in regrant],
                 )
             need = len(new_keys)
-            if need and used + need > self.high_watermark * num_pages:
-                reclaim_expired(conn, namespace, rank, now)
-                target = int(self.low_watermark * num_pages) - need
-                evict_for_allocation(conn, namespace, rank, now, target)
-            pages = self._take_pages(conn, namespace, rank, need, now) if need else []
+            pages: list[tuple[int, float]] = []
+            if need:
+                if used + need > self.high_watermark * num_pages:  # the file itself is full
+                    reclaim_expired(conn, namespace, rank, now)
+                    target = int(self.low_watermark * num_pages) - need
+                    evict_for_allocation(conn, namespace, rank, now, target)
+                bounds = self._bounds(conn)
+                row = room.rank_file_row(conn, namespace, rank)
+                assert row is not None
+                grant = room.room_for(conn, row, need, now, bounds)
+                row = room.rank_file_row(conn, namespace, rank)
+                assert row is not None
+                pages = room.take_pages(conn, row, grant, now, bounds.capacity)
             granted = new_keys[: len(pages)]
             deadline = now + self.pending_timeout_s
             conn.executemany(
@@ -492,32 +638,6 @@ class MetadataStore:
                 )
             allocated.extend((key, page) for key, (page, _) in zip(granted, pages, strict=False))
         return allocated, existing, new_keys[len(pages) :]
-
-    def _take_pages(
-        self, conn: sqlite3.Connection, namespace: str, rank: int, need: int, now: float
-    ) -> list[tuple[int, float]]:
-        """Up to `need` (page, reusable_after) pairs: reusable free pages, then fresh ones."""
-        taken = conn.execute(
-            "SELECT page, reusable_after FROM free_pages WHERE namespace = ? AND rank = ?"
-            " AND reusable_after <= ? ORDER BY reusable_after LIMIT ?",
-            (namespace, rank, now, need),
-        ).fetchall()
-        if taken:
-            conn.executemany(
-                "DELETE FROM free_pages WHERE namespace = ? AND rank = ? AND page = ?",
-                [(namespace, rank, page) for page, _ in taken],
-            )
-        pages = [(int(page), float(after)) for page, after in taken]
-        if len(pages) < need:
-            num_pages, next_unused, _ = self._rank_file(conn, namespace, rank)
-            fresh = min(need - len(pages), num_pages - next_unused)
-            if fresh > 0:
-                pages.extend((page, 0.0) for page in range(next_unused, next_unused + fresh))
-                conn.execute(
-                    "UPDATE rank_files SET next_unused = ? WHERE namespace = ? AND rank = ?",
-                    (next_unused + fresh, namespace, rank),
-                )
-        return pages
 
     def commit(self, namespace: str, rank: int, items: Sequence[CommitItem]) -> int:
         """Pending → committed for the exact (key, page) pairs; returns how many."""
@@ -584,7 +704,9 @@ class MetadataStore:
                 )
                 if cursor.rowcount:
                     conn.execute(
-                        "INSERT INTO free_pages VALUES (?,?,?,?)", (namespace, rank, page, now)
+                        "INSERT INTO free_pages (namespace, rank, page, reusable_after)"
+                        " VALUES (?,?,?,?)",
+                        (namespace, rank, page, now),
                     )
                     released += 1
             if released:
@@ -645,10 +767,14 @@ class MetadataStore:
             try:
                 if request.namespace is not None:
                     self._ranks_of(conn, request.namespace)
-                result = evict_entries(conn, request, time.time())
+                now = time.time()
+                result = evict_entries(conn, request, now, self._stored_capacity(conn))
                 if request.dry_run:
                     conn.execute("ROLLBACK")
                 else:
+                    punch = self._puncher()
+                    if punch is not None:  # the space goes back to the store
+                        room.give_back_free(conn, punch, now)
                     self._flush_counters(conn)
                     conn.execute("COMMIT")
             except BaseException:
@@ -665,7 +791,73 @@ class MetadataStore:
         from hf3fsctl.meta.reports import store_stats
 
         with self._read() as conn:
-            return store_stats(conn)
+            cap = self._stored_capacity(conn)
+            return store_stats(
+                conn,
+                capacity=cap,
+                quotas=self.policy.quota_bytes(cap),
+                max_pinned=self.policy.max_pinned_bytes(cap),
+                now=time.time(),
+            )
+
+    # --- pins and namespace clean-up ---------------------------------------------------
+
+    def pin(self, namespace: str, keys: Sequence[str], ttl_s: float | None = None) -> PinResult:
+        """Keep `keys` out of LRU eviction (for `ttl_s`, or until unpinned).
+
+        Raises:
+            InvalidRequest: the pins would hold more than `storage.max_pinned`.
+            NotFound: the namespace is not registered.
+        """
+        check_keys(keys)
+        if ttl_s is not None and ttl_s <= 0:
+            raise InvalidRequest(f"ttl must be positive, got {ttl_s}")
+        with self._write() as conn:
+            self._ranks_of(conn, namespace)
+            cap = self._stored_capacity(conn)
+            return pins.pin_keys(
+                conn, namespace, keys, ttl_s, time.time(), self.policy.max_pinned_bytes(cap)
+            )
+
+    def unpin(self, namespace: str, keys: Sequence[str] | None = None) -> int:
+        """Drop pins of `keys` (all of the namespace's when None); returns how many."""
+        check_namespace_id(namespace)
+        if keys is not None:
+            check_keys(keys)
+        with self._write() as conn:
+            return pins.unpin_keys(conn, namespace, keys)
+
+    def list_pins(self, namespace: str | None = None, limit: int = 1000) -> list[PinInfo]:
+        """Live pins, newest first."""
+        if namespace is not None:
+            check_namespace_id(namespace)
+        with self._read() as conn:
+            return pins.list_pins(conn, namespace, time.time(), limit)
+
+    def drop_namespaces(
+        self, namespace_ids: Sequence[str], *, dry_run: bool = False
+    ) -> DropNamespacesResult:
+        """Remove namespaces' metadata (entries, rank files, pins, the namespace).
+
+        A namespace whose pages are being written is skipped (its `skipped` says why).
+        The page files are the caller's to remove (`storage.layout.remove_namespace_files`):
+        the server may not have the mount.
+        """
+        for ns in namespace_ids:
+            check_namespace_id(ns)
+        with self._write() as conn:
+            now = time.time()
+            dropped = [
+                namespaces.drop_namespace(conn, ns, now, dry_run=dry_run)
+                for ns in dict.fromkeys(namespace_ids)
+            ]
+            if dry_run:
+                conn.execute("ROLLBACK")
+                conn.execute("BEGIN IMMEDIATE")  # `_write` commits an empty transaction
+        for item in dropped:
+            if item.skipped is None and not dry_run:
+                self._num_ranks.pop(item.id, None)
+        return DropNamespacesResult(namespaces=dropped, dry_run=dry_run)
 
     def list_entries(
         self, namespace: str | None = None, limit: int = 100, offset: int = 0
@@ -683,6 +875,7 @@ class MetadataStore:
                 " ORDER BY last_access DESC, depth ASC, key, rank LIMIT ? OFFSET ?",
                 (*args, limit, offset),
             ).fetchall()
+            pinned = pins.pinned_among(conn, [(r[0], r[1]) for r in rows], time.time())
         return [
             EntryInfo.model_construct(
                 namespace=r[0],
@@ -696,6 +889,7 @@ class MetadataStore:
                 created=r[8],
                 last_access=r[9],
                 hits=r[10],
+                pinned=(r[0], r[1]) in pinned,
             )
             for r in rows
         ]

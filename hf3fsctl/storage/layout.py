@@ -11,8 +11,14 @@ Contract:
     * The manifest is written atomically (temp file, then link/rename). Writing an identical
       manifest again is a no-op; a different one for the same namespace is
       `NamespaceConflict`.
-    * `PageFile.create` is idempotent and resumable: a file is preallocated under a
-      ``.partial`` name and renamed into place only when it has its full size.
+    * Page files grow on demand (`PageFile.create_growable`): a sparse file that holds
+      only the pages written to it; a writer claims each granted run of pages just before
+      writing it (`PageFile.reserve`), and the store gives freed pages back to the file
+      system (`punch_pages`) when another namespace needs the space. Its address space is
+      `GROWABLE_MAX_BYTES`; the store's capacity is what bounds it.
+    * `PageFile.create` makes a fixed-size file preallocated up front (opt-in, `hf3fsctl
+      init --preallocate`). It is idempotent and resumable: the file is preallocated
+      under a ``.partial`` name and renamed into place only when it has its full size.
 
 This module imports only the standard library and `hf3fsctl.errors`/`hf3fsctl.keys`, so it
 runs on a GPU node that lacks the service's dependencies.
@@ -25,19 +31,22 @@ import json
 import logging
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path, PurePosixPath
 from types import TracebackType
 from typing import Any
 
 from hf3fsctl.errors import InvalidRequest, NamespaceConflict, NotFound, StorageError
 from hf3fsctl.keys import NamespaceManifest, check_namespace_id
+from hf3fsctl.storage.extents import page_runs, punch, reserve
 
 logger = logging.getLogger(__name__)
 
 PAGE_ALIGN = 4096
 MANIFEST_NAME = "manifest.json"
 PREALLOCATE_CHUNK = 256 * 1024 * 1024
+# The address space of a growing page file (its pages are numbered below this / slot).
+GROWABLE_MAX_BYTES = 1 << 46
 _PARTIAL_SUFFIX = ".partial"
 _UNSUPPORTED = {errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL}
 
@@ -229,6 +238,7 @@ class PageFile:
         num_pages: pages the file holds.
         fd: the open file descriptor (-1 once closed).
         writable: whether `fd` was opened for writing.
+        growable: a sparse file that grows as pages are written (else preallocated).
     """
 
     def __init__(
@@ -240,6 +250,7 @@ class PageFile:
         num_pages: int,
         fd: int,
         writable: bool,
+        growable: bool = False,
     ) -> None:
         self.root = root
         self.relpath = relpath
@@ -249,6 +260,8 @@ class PageFile:
         self.num_pages = num_pages
         self.fd = fd
         self.writable = writable
+        self.growable = growable
+        self._reserve_supported = True
         self._direct_fd: int | None = None
         self._direct_tried = False
         self._lock = threading.Lock()
@@ -333,6 +346,62 @@ class PageFile:
         return cls.open(root, relpath, page_bytes, file_size // slot)
 
     @classmethod
+    def create_growable(
+        cls, root: str | os.PathLike[str], namespace_id: str, rank: int, page_bytes: int
+    ) -> PageFile:
+        """Open one rank's growing page file, creating it empty when missing.
+
+        An existing file (grown earlier, or preallocated by an older version) is opened
+        as it is; its pages stay where they are.
+
+        Raises:
+            StorageError: the directory or file cannot be created or opened (permissions,
+                a read-only or missing mount, no space for the directory entry).
+        """
+        slot = slot_bytes(page_bytes)
+        relpath = rank_file_name(namespace_id, rank)
+        path = resolve_under(root, relpath)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        except OSError as exc:
+            raise StorageError(f"cannot create page file {path}: {exc}") from None
+        return cls(
+            Path(root).resolve(),
+            relpath,
+            path,
+            page_bytes,
+            GROWABLE_MAX_BYTES // slot,
+            fd,
+            True,
+            growable=True,
+        )
+
+    def reserve(self, pages: Sequence[int]) -> None:
+        """Claim the disk space of `pages` before writing them (growing files only).
+
+        One `fallocate` per run of consecutive pages. Where the file system has no
+        `fallocate`, the writes claim the space themselves.
+
+        Raises:
+            InvalidRequest: a page is out of range.
+            StorageError: the file system is full or failing (``errno`` kept on the error).
+        """
+        if not self.growable or not self._reserve_supported:
+            return
+        for first, count in page_runs(pages):
+            self.offset(first + count - 1)
+            try:
+                if not reserve(self.fd, first * self.slot_bytes, count * self.slot_bytes):
+                    self._reserve_supported = False
+                    return
+            except OSError as exc:
+                raise StorageError(
+                    f"cannot claim {count} pages of {self.relpath}: {exc.strerror}",
+                    errno=exc.errno,
+                ) from None
+
+    @classmethod
     def open(
         cls,
         root: str | os.PathLike[str],
@@ -341,8 +410,9 @@ class PageFile:
         num_pages: int,
         *,
         writable: bool = True,
+        growable: bool = False,
     ) -> PageFile:
-        """Open an existing page file.
+        """Open an existing page file (a growing one may be shorter than `num_pages`).
 
         Args:
             root: the storage root.
@@ -370,13 +440,15 @@ class PageFile:
         except OSError as exc:
             raise StorageError(f"cannot open page file {path}: {exc}") from None
         size = os.fstat(fd).st_size
-        if size < num_pages * slot:
+        if not growable and size < num_pages * slot:
             os.close(fd)
             raise StorageError(
                 f"page file {path} has {size} bytes, too small for {num_pages} pages of "
                 f"{slot} bytes"
             )
-        return cls(Path(root).resolve(), relpath, path, page_bytes, num_pages, fd, writable)
+        return cls(
+            Path(root).resolve(), relpath, path, page_bytes, num_pages, fd, writable, growable
+        )
 
     @staticmethod
     def _size_of(path: Path) -> int:
@@ -447,3 +519,50 @@ class PageFile:
             "slot_bytes": self.slot_bytes,
             "num_pages": self.num_pages,
         }
+
+
+def punch_pages(
+    root: str | os.PathLike[str], relpath: str, slot: int, pages: Sequence[int]
+) -> bool:
+    """Give the disk space of free `pages` of a page file back to the file system.
+
+    Returns:
+        True when every run was punched (or the file is gone: nothing to give back);
+        False when the file system cannot punch holes or refused.
+    """
+    path = resolve_under(root, relpath)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return True
+    except OSError as exc:
+        logger.warning("cannot open %s to give back %d pages: %s", path, len(pages), exc)
+        return False
+    try:
+        return all(punch(fd, first * slot, count * slot) for first, count in page_runs(pages))
+    except OSError as exc:
+        logger.warning("cannot give back %d pages of %s: %s", len(pages), path, exc)
+        return False
+    finally:
+        os.close(fd)
+
+
+def remove_namespace_files(root: str | os.PathLike[str], namespace_id: str) -> int:
+    """Delete a namespace's directory (page files, manifest); returns the disk bytes freed.
+
+    Raises:
+        StorageError: a file cannot be removed.
+    """
+    directory = resolve_under(root, check_namespace_id(namespace_id))
+    if not directory.is_dir():
+        return 0
+    freed = 0
+    try:
+        for child in directory.iterdir():
+            freed += child.stat().st_blocks * 512
+            child.unlink()
+        directory.rmdir()
+    except OSError as exc:
+        raise StorageError(f"cannot remove namespace directory {directory}: {exc}") from None
+    logger.info("removed namespace directory %s (%d bytes)", directory, freed)
+    return freed

@@ -62,6 +62,7 @@ def make_store(
         str(tmp / "store"),
         "--file-size",
         FILE_SIZE,
+        "--preallocate",
         "--write-config",
         str(config_file),
         "--force",

@@ -92,3 +92,22 @@ def store_keys(
         result = client.allocate(ns, rank, chain, first_depth)
         assert not result.no_space, f"no space for {len(result.no_space)} keys"
         client.commit(ns, rank, commit_items(result.allocated))
+
+
+_LOOKUP_AND_EXIT = """
+import sys
+from hf3fsctl.meta.embedded import EmbeddedMetadataClient
+client = EmbeddedMetadataClient(sys.argv[1])
+client.lookup(sys.argv[2], sys.argv[3:])
+"""
+
+
+def lookup_in_a_process_that_exits(url: str, ns: str, chain: list[str]) -> None:
+    """One embedded `lookup` in a fresh Python process that exits without `close`
+    (as a vLLM scheduler process may)."""
+    import subprocess
+    import sys
+
+    subprocess.run(
+        [sys.executable, "-c", _LOOKUP_AND_EXIT, url, ns, *chain], check=True, timeout=60
+    )

@@ -33,6 +33,22 @@ def test_every_command_has_help(command: str) -> None:
     assert "Usage" in result.stdout
 
 
+HELP_OF = [[], *([command] for command in COMMANDS)]
+WIDE = {"COLUMNS": "200"}  # no type column is elided
+
+
+@pytest.mark.parametrize("command", HELP_OF, ids=["app", *COMMANDS])
+def test_help_shows_no_value_type_after_flags(command: list[str]) -> None:
+    result = runner.invoke(app, [*command, "--help"], env=WIDE)
+    assert result.exit_code == 0
+    assert "<bool>" not in result.stdout and "BOOLEAN" not in result.stdout
+
+
+def test_help_still_names_the_value_an_option_takes() -> None:
+    result = runner.invoke(app, ["evict", "--help"], env=WIDE)
+    assert "DURATION" in result.stdout and "<str>" in result.stdout
+
+
 def test_version_prints_the_package_version() -> None:
     from hf3fsctl import __version__
 
@@ -49,6 +65,37 @@ def test_unknown_config_key_exits_2_naming_the_key(tmp_path) -> None:
     assert "storage.pathh" in result.stderr
     assert "did you mean storage.path" in result.stderr
     assert result.stdout == ""
+
+
+def test_missing_config_named_by_the_environment_blames_hf3fsctl_config(tmp_path) -> None:
+    result = runner.invoke(app, ["stats"], env={"HF3FSCTL_CONFIG": str(tmp_path / "none.yaml")})
+    assert "does not exist (from HF3FSCTL_CONFIG)" in result.stderr
+
+
+@pytest.mark.parametrize("where", ["global", "command"])
+def test_missing_config_named_by_the_flag_blames_config(tmp_path, where: str) -> None:
+    flag = ["--config", str(tmp_path / "none.yaml")]
+    args = [*flag, "stats"] if where == "global" else ["stats", *flag]
+    result = runner.invoke(app, args)
+    assert "does not exist (from --config)" in result.stderr
+
+
+@pytest.mark.parametrize("command", ["stats", "ls", "evict", "doctor", "vllm-config", "serve"])
+def test_missing_config_named_by_the_environment_fails_every_command_but_init(
+    tmp_path, command: str
+) -> None:
+    env = {"HF3FSCTL_CONFIG": str(tmp_path / "none.yaml")}
+    args = {"evict": ["evict", "--all", "--dry-run"], "doctor": ["doctor", "--json"]}
+    result = runner.invoke(app, args.get(command, [command]), env=env)
+    assert result.exit_code == (1 if command == "doctor" else ConfigError.exit_code)
+
+
+def test_config_flag_wins_over_hf3fsctl_config(tmp_path) -> None:
+    file = tmp_path / "c.yaml"
+    file.write_text("storage:\n  path: /from/flag\n")
+    env = {"HF3FSCTL_CONFIG": str(tmp_path / "none.yaml")}
+    result = runner.invoke(app, ["--config", str(file), "vllm-config"], env=env)
+    assert json.loads(result.stdout)["kv_connector_extra_config"]["storage.path"] == "/from/flag"
 
 
 def test_bad_environment_value_exits_2_naming_the_key() -> None:

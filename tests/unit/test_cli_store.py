@@ -11,16 +11,18 @@ from typing import Any
 import pytest
 from helpers.cli_store import PAGE_BYTES, Store, corrupt_page, fill, make_store, manifest
 from helpers.meta_builders import keys as make_keys
+from helpers.meta_builders import lookup_in_a_process_that_exits
 from typer.testing import CliRunner
 
 from hf3fsctl.cli.main import app
-from hf3fsctl.config import load_config
+from hf3fsctl.config import Config, load_config
 from hf3fsctl.errors import NotFound
 from hf3fsctl.meta.client import connect
 
 runner = CliRunner()
 NUM_KEYS = 6
 PAGES_PER_RANK = 64  # 1 MiB file / 16 KiB pages
+WIDE = {"COLUMNS": "200"}  # tables are not wrapped
 
 
 def cli(store: Store, *args: str) -> Any:
@@ -63,8 +65,10 @@ def test_init_preallocates_every_rank_file_at_full_size(store: Store) -> None:
     assert [f.stat().st_size for f in files] == [1024**2, 1024**2]
 
 
-def test_init_registers_the_namespace_capacity(store: Store) -> None:
-    assert cli_json(store, "stats")["pages_total"] == 2 * PAGES_PER_RANK
+def test_preallocated_rank_files_hold_their_whole_size_of_the_capacity(store: Store) -> None:
+    document = cli_json(store, "stats")
+    assert document["bytes_used"] == 2 * PAGES_PER_RANK * PAGE_BYTES
+    assert document["capacity_bytes"] >= document["bytes_used"]
 
 
 def test_init_refuses_to_overwrite_a_config_without_force(store: Store, tmp_path: Path) -> None:
@@ -138,6 +142,38 @@ def test_init_reports_an_unwritable_storage_path_as_storage_error(tmp_path: Path
     assert "storage" in result.stderr
 
 
+def _init_naming_its_config(tmp_path: Path, config: Path, named_by: str) -> Any:
+    """`init --write-config CONFIG`, with CONFIG also named as the config to read."""
+    base = ["init", "--storage-path", str(tmp_path / "s"), "--write-config", str(config)]
+    args, env = {
+        "env": (base, {"HF3FSCTL_CONFIG": str(config)}),
+        "global-flag": (["--config", str(config), *base], {}),
+        "command-flag": ([*base, "--config", str(config)], {}),
+    }[named_by]
+    return runner.invoke(app, args, env=env)
+
+
+@pytest.mark.parametrize("named_by", ["env", "global-flag", "command-flag"])
+def test_init_writes_the_config_it_is_named_before_that_exists(
+    tmp_path: Path, named_by: str
+) -> None:
+    config = tmp_path / "c.yaml"
+    result = _init_naming_its_config(tmp_path, config, named_by)
+    assert result.exit_code == 0, result.stderr
+    assert Path(load_config(config, environ={}).storage.path) == (tmp_path / "s").resolve()
+
+
+def test_init_named_a_missing_config_ignores_hf3fs_yaml_in_the_cwd(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "hf3fs.yaml").write_text("storage:\n  io_threads: 3\n")
+    monkeypatch.chdir(tmp_path)
+    config = tmp_path / "c.yaml"
+    result = _init_naming_its_config(tmp_path, config, "env")
+    assert result.exit_code == 0, result.stderr
+    assert load_config(config, environ={}).storage.io_threads == Config().storage.io_threads
+
+
 # --- stats / ls ---------------------------------------------------------------------
 
 
@@ -146,7 +182,7 @@ def test_stats_json_counts_committed_keys(filled: tuple[Store, list[str]]) -> No
     document = cli_json(store, "stats")
     (ns,) = document["namespaces"]
     assert (ns["keys"], ns["pages_used"]) == (NUM_KEYS, 2 * NUM_KEYS)
-    assert document["bytes_used"] == 2 * NUM_KEYS * PAGE_BYTES
+    assert document["bytes_live"] == 2 * NUM_KEYS * PAGE_BYTES
 
 
 def test_stats_json_reports_the_lookup_hit_rate(filled: tuple[Store, list[str]]) -> None:
@@ -158,6 +194,16 @@ def test_stats_json_reports_the_lookup_hit_rate(filled: tuple[Store, list[str]])
         client.close()
     (ns,) = cli_json(store, "stats")["namespaces"]
     assert ns["lookup_hit_rate"] == pytest.approx(6 / 8)
+
+
+def test_stats_table_shows_the_hit_rate_of_a_process_that_exited_without_close(
+    filled: tuple[Store, list[str]],
+) -> None:
+    store, keys = filled
+    chain = keys + make_keys(2, salt="miss")  # 6 of 8 hit
+    lookup_in_a_process_that_exits(store.config().metadata_url, store.namespace, chain)
+    result = runner.invoke(app, ["--config", str(store.config_file), "stats"], env=WIDE)
+    assert "75.0% (6 of 8 keys)" in result.stdout
 
 
 def test_stats_table_shows_the_namespace_and_model(filled: tuple[Store, list[str]]) -> None:

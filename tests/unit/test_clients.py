@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import gc
+import multiprocessing
 import sqlite3
 import time
 from pathlib import Path
 
 import pytest
-from helpers.meta_builders import keys, register, store_keys
+from helpers.meta_builders import keys, lookup_in_a_process_that_exits, register, store_keys
 from helpers.servers import free_port
 
 from hf3fsctl.config import load_config
@@ -16,6 +18,7 @@ from hf3fsctl.meta.client import MetadataClient, connect, open_metadata_client
 from hf3fsctl.meta.embedded import EmbeddedMetadataClient
 from hf3fsctl.meta.http import HttpMetadataClient
 from hf3fsctl.meta.models import EvictRequest
+from hf3fsctl.meta.store import MetadataStore
 
 
 @pytest.mark.parametrize(
@@ -64,6 +67,67 @@ def test_embedded_busy_database_is_unavailable_after_timeout(tmp_path: Path) -> 
         client.allocate(ns, 0, keys(1))
     assert time.monotonic() - started < 2
     blocker.execute("ROLLBACK")
+
+
+def _store_with_three_keys(tmp_path: Path) -> tuple[str, str]:
+    """An embedded store holding the first 3 of `keys(5)`; returns (url, namespace)."""
+    url = f"sqlite:///{tmp_path}/m.db"
+    client = EmbeddedMetadataClient(url)
+    ns = register(client)
+    store_keys(client, ns, keys(3))
+    client.close()
+    return url, ns
+
+
+def _lookup_counters(tmp_path: Path) -> tuple[int, int, int]:
+    """(lookups, lookup_keys, hit_keys) of the only namespace, read by a fresh store."""
+    store = MetadataStore(tmp_path / "m.db")
+    try:
+        got = store.stats().namespaces[0]
+    finally:
+        store.close()
+    return got.lookups, got.lookup_keys, got.hit_keys
+
+
+def test_embedded_lookups_count_when_the_process_exits_without_close(tmp_path: Path) -> None:
+    url, ns = _store_with_three_keys(tmp_path)
+    lookup_in_a_process_that_exits(url, ns, keys(5))
+    assert _lookup_counters(tmp_path) == (1, 5, 3)
+
+
+_HELD: list[EmbeddedMetadataClient] = []  # alive until the process ends, like a connector's
+
+
+def _lookup_and_hold(url: str, ns: str, chain: list[str]) -> None:
+    client = EmbeddedMetadataClient(url)
+    client.lookup(ns, chain)
+    _HELD.append(client)  # no `close`
+
+
+def test_embedded_lookups_count_when_a_forked_process_exits_without_close(
+    tmp_path: Path,
+) -> None:
+    # vLLM's EngineCore, where the scheduler side looks up, is such a process by default;
+    # it ends with os._exit, so atexit handlers do not run there.
+    url, ns = _store_with_three_keys(tmp_path)
+    child = multiprocessing.get_context("fork").Process(
+        target=_lookup_and_hold, args=(url, ns, keys(5))
+    )
+    child.start()
+    child.join(60)
+    assert child.exitcode == 0
+    assert _lookup_counters(tmp_path) == (1, 5, 3)
+
+
+def test_embedded_lookups_count_when_the_client_is_dropped_without_close(
+    tmp_path: Path,
+) -> None:
+    url, ns = _store_with_three_keys(tmp_path)
+    client = EmbeddedMetadataClient(url)
+    client.lookup(ns, keys(5))
+    del client
+    gc.collect()
+    assert _lookup_counters(tmp_path) == (1, 5, 3)
 
 
 def test_http_client_dead_server_is_unavailable_within_timeout() -> None:

@@ -99,6 +99,24 @@ def test_missing_explicit_file_is_an_error(tmp_path: Path) -> None:
         load_config(tmp_path / "nope.yaml", environ={})
 
 
+def test_missing_explicit_file_names_the_origin_the_caller_gives(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"does not exist \(from --config\)"):
+        find_config_file(tmp_path / "nope.yaml", {}, origin="--config")
+
+
+def test_missing_explicit_file_of_a_library_caller_is_not_blamed_on_a_flag(
+    tmp_path: Path,
+) -> None:
+    with pytest.raises(ConfigError) as raised:
+        load_config(tmp_path / "nope.yaml", environ={})
+    assert "--config" not in raised.value.message
+
+
+def test_missing_env_config_file_is_no_file_when_missing_ok(tmp_path: Path) -> None:
+    environ = {"HF3FSCTL_CONFIG": str(tmp_path / "nope.yaml")}
+    assert find_config_file(None, environ, missing_ok=True) is None
+
+
 def test_invalid_yaml_names_the_file(tmp_path: Path) -> None:
     file = tmp_path / "bad.yaml"
     file.write_text("storage: [unclosed\n")

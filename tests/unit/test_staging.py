@@ -144,6 +144,23 @@ def test_prewarmed_buffer_serves_a_smaller_acquire_without_allocating() -> None:
     assert (pool.counters()["allocations"], lease.nbytes) == (1, 256 * 1024)
 
 
+def test_in_use_counts_the_real_size_of_a_larger_cached_buffer() -> None:
+    pool = StagingPool(1 << 20, pin=False)
+    assert pool.prewarm(256 * 1024)
+    lease = pool.acquire(1, 30_000)
+    assert lease is not None
+    assert pool.in_use_bytes == lease.nbytes == 256 * 1024
+
+
+def test_in_use_returns_to_zero_after_a_larger_cached_buffer_is_released() -> None:
+    pool = StagingPool(1 << 20, pin=False)
+    assert pool.prewarm(256 * 1024)
+    lease = pool.acquire(1, 30_000)
+    assert lease is not None
+    lease.release()
+    assert pool.in_use_bytes == 0
+
+
 def test_prewarm_never_exceeds_capacity() -> None:
     pool = StagingPool(64 * 1024, pin=False)
     lease = pool.acquire(1, 32 * 1024)

@@ -209,7 +209,8 @@ def test_stats_counts_keys_pages_and_lookup_traffic(store: MetadataStore) -> Non
     store_keys(store, ns, keys(3), ranks=2)
     store.lookup(ns, keys(5))
     got = store.stats().namespaces[0]
-    assert (got.keys, got.pages_used, got.pages_total) == (3, 6, 20)
+    slot = store.get_namespace(ns).rank_files[0].slot_bytes
+    assert (got.keys, got.pages_used, got.bytes_live) == (3, 6, 6 * slot)
     assert (got.lookups, got.lookup_keys, got.hit_keys) == (1, 5, 3)
 
 

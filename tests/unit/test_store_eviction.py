@@ -102,7 +102,7 @@ def test_released_lease_page_is_reused_after_lease(tmp_path: Path) -> None:
     [
         (EvictRequest(all=True), 6),
         (EvictRequest(max_entries=2), 2),
-        (EvictRequest(target_usage=0.2), 4),  # 6 of 10 pages used → 2
+        (EvictRequest(target_usage=0.2), 4),  # 6 pages of a 10-page capacity → 2
         (EvictRequest(older_than_s=3600), 0),
         (EvictRequest(older_than_s=0), 6),
     ],
@@ -112,6 +112,7 @@ def test_evict_criteria_select_expected_keys(
     store: MetadataStore, request_: EvictRequest, expected_keys: int
 ) -> None:
     ns = register(store, num_pages=10)
+    store.set_capacity(10 * store.get_namespace(ns).rank_files[0].slot_bytes)
     store_keys(store, ns, keys(6))
     time.sleep(0.001)
     assert store.evict(request_).keys == expected_keys

@@ -12,7 +12,7 @@ from hf3fsctl.meta.store import MetadataStore
 
 CORRUPTIONS = {
     "page-free-and-owned": (
-        "INSERT INTO free_pages SELECT namespace, rank, page, 0 FROM entries LIMIT 1",
+        "INSERT INTO free_pages SELECT namespace, rank, page, 0, 0 FROM entries LIMIT 1",
         "both free and owned",
     ),
     "page-out-of-range": ("UPDATE entries SET page = 999 WHERE depth = 0", "outside"),
