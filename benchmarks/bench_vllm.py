@@ -76,8 +76,6 @@ def ours_extra(store: Path) -> dict[str, Any]:
     """Connector overrides: a private store with embedded SQLite metadata."""
     return {
         "storage.path": str(store),
-        "storage.file_size": "4GiB",
-        "storage.preallocate": False,
         "metadata.url": f"sqlite:///{store / 'metadata.db'}",
     }
 

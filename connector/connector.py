@@ -157,7 +157,8 @@ class Hf3fsctlConnector(KVConnectorBase_V1):
         return self._worker.get_block_ids_with_load_errors()
 
     def get_kv_connector_stats(self) -> KVConnectorStats | None:
-        return self.stats.take()
+        sides = [side for side in (self.worker_side, self.scheduler_side) if side is not None]
+        return self.stats.take(max(side.health.level for side in sides))
 
     def shutdown(self) -> None:
         if self.worker_side is not None:

@@ -2,9 +2,11 @@
 
 Contract:
     * `run_save`: allocate pages for the job's keys (keys already stored are skipped by
-      the store) → write the staged pages → commit with the checksums the engine
-      computed. Pages that failed to write, and every allocation when the commit or an
-      earlier step fails, are released, so nothing stays pending.
+      the store) → claim their disk space (a growing page file) → write the staged pages
+      → commit with the checksums the engine computed. Pages that failed to write, and
+      every allocation when the commit or an earlier step fails, are released, so nothing
+      stays pending. A full or failing file system (ENOSPC, EIO) fails this save only:
+      counted by kind, and `WorkerSide.storage_failed` pauses saves for a back-off.
     * `run_load`: lease staging → locate the keys (a read lease) → read with checksum
       verification → scatter the intact pages into their blocks. Returns the block ids
       that did not arrive intact and the kind of the first failure. A load cancelled by
@@ -19,12 +21,13 @@ Contract:
 
 from __future__ import annotations
 
+import errno
 import logging
 import threading
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from hf3fsctl.errors import Hf3fsctlError, MetadataUnavailable
+from hf3fsctl.errors import Hf3fsctlError, MetadataUnavailable, StorageError
 from hf3fsctl.meta.models import Allocation, CommitItem, Location
 from hf3fsctl.staging import StagingBuffer
 from hf3fsctl.storage.engine import ERROR_CHECKSUM
@@ -35,6 +38,8 @@ if TYPE_CHECKING:
     from .worker import WorkerSide
 
 logger = logging.getLogger(__name__)
+
+_NO_SPACE = {errno.ENOSPC, errno.EDQUOT}
 
 
 @dataclass
@@ -86,6 +91,14 @@ def run_save(worker: WorkerSide, job: SaveJob, lease: StagingBuffer) -> None:
     rows = lease.rows()
     committed_ok = False
     try:
+        try:
+            worker.page_file.reserve([a.page for a in allocated])
+        except StorageError as exc:
+            kind = "no_space" if exc.errno in _NO_SPACE else "io"
+            stats.fail(kind, len(allocated))
+            stats.add(save_dropped=len(allocated))
+            worker.storage_failed(kind, len(allocated), exc.message)
+            return
         results = worker.engine.write_pages(
             worker.page_file,
             [a.page for a in allocated],
@@ -107,13 +120,17 @@ def run_save(worker: WorkerSide, job: SaveJob, lease: StagingBuffer) -> None:
             else:
                 failed.append(allocation)
         if failed:
-            logger.warning("%d page writes failed: %s", len(failed), results[0].detail)
-            stats.fail("io", len(failed))
+            detail = next(r.detail for r in results if not r.ok)
+            kind = "no_space" if "space" in (detail or "").lower() else "io"
+            stats.fail(kind, len(failed))
             stats.add(save_dropped=len(failed))
+            worker.storage_failed(kind, len(failed), detail or "write failed")
             _release(worker, failed)
         if items:
             count = worker.guard.call(lambda c: c.commit(worker.namespace, worker.rank, items))
             stats.add(blocks_saved=count, bytes_saved=count * page_bytes)
+            if not failed:
+                worker.storage_worked()
         committed_ok = True
     except Hf3fsctlError as exc:
         logger.warning("save of request %s failed: %s", job.req_id, exc)

@@ -25,12 +25,14 @@ Contract:
 from __future__ import annotations
 
 import logging
+import os
 import time
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import TYPE_CHECKING, Any
 
 from hf3fsctl.config import Config
 from hf3fsctl.errors import MetadataUnavailable
+from hf3fsctl.health import ConnectorHealth
 from hf3fsctl.keys import NamespaceManifest, block_keys
 
 from .metadata import Hf3fsctlConnectorMetadata, LoadJob, RequestState, SaveJob
@@ -68,6 +70,32 @@ class SchedulerSide:
         self._pending_loads: list[LoadJob] = []
         self._pool = ThreadPoolExecutor(LOOKUP_THREADS, thread_name_prefix="hf3fsctl-lookup")
         self._sync = config.connector.load_mode == "sync"
+        self.health = ConnectorHealth(
+            role="scheduler", rank=0, namespace=self.namespace, storage_path=config.storage.path
+        )
+        self._storage_checked_at = -1e9  # monotonic time of the last storage check
+        self._storage_ok = True
+
+    def storage_available(self) -> bool:
+        """Whether the storage root exists here (checked every `storage_retry_s`).
+
+        With no storage there is nothing to load: every lookup is a miss, without
+        asking the metadata service (which may still list pages nobody can read).
+        """
+        now = time.monotonic()
+        if now - self._storage_checked_at >= self.config.connector.storage_retry_s:
+            self._storage_checked_at = now
+            path = self.config.storage.path
+            self._storage_ok = os.path.isdir(path)
+            if not self._storage_ok:
+                self.health.disable(
+                    f"storage path {path} does not exist (missing mount?)",
+                    "mount the file system or create the store with `hf3fsctl init`; "
+                    "the connector serves misses until it is back",
+                )
+            elif self.health.state != "ok":
+                self.health.recover()
+        return self._storage_ok
 
     # --- matching ----------------------------------------------------------------
 
@@ -97,7 +125,7 @@ class SchedulerSide:
             if not keys:
                 state.hit_blocks = 0
                 return True
-            if not self.guard.available():
+            if not self.guard.available() or not self.storage_available():
                 self.stats.add(misses=1)
                 state.hit_blocks = 0
                 return True

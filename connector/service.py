@@ -19,7 +19,7 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from hf3fsctl.config import Config
-from hf3fsctl.errors import MetadataUnavailable
+from hf3fsctl.errors import Hf3fsctlError, MetadataUnavailable
 from hf3fsctl.meta.client import MetadataClient, connect
 
 logger = logging.getLogger(__name__)
@@ -71,7 +71,14 @@ class MetadataGuard:
         if self._client is None:
             with self._lock:
                 if self._client is None:
-                    self._client = self._opener(self._config)
+                    try:
+                        self._client = self._opener(self._config)
+                    except Hf3fsctlError:
+                        raise
+                    except Exception as exc:  # e.g. an embedded DB that cannot be opened
+                        raise MetadataUnavailable(
+                            f"cannot open metadata {self.url}: {type(exc).__name__}: {exc}"
+                        ) from exc
         return self._client
 
     def call(self, fn: Callable[[MetadataClient], T]) -> T:

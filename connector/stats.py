@@ -52,9 +52,12 @@ FAILURE_KINDS = (
     "pool_exhausted",
     "metadata_down",
     "no_space",
+    "disabled",  # the connector is disabled (storage unusable since start-up)
+    "paused",  # saves skipped while waiting out a storage failure's back-off
     "error",
 )
 LATENCIES = ("lookup_s", "load_s", "save_s")
+STATE = "state_level"  # health: 0 ok, 1 degraded, 2 disabled (not a counter)
 _MAX_SAMPLES = 512
 
 _TOTALS_LOCK = threading.Lock()
@@ -90,6 +93,7 @@ class StatsRecorder:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._data = _empty()
+        self._reported_level = 0
 
     def add(self, **counts: float) -> None:
         """Add to named counters (`COUNTERS` names or `failed_<kind>`)."""
@@ -111,10 +115,19 @@ class StatsRecorder:
             if len(samples) < _MAX_SAMPLES:
                 samples.append(seconds)
 
-    def take(self) -> Hf3fsctlConnectorStats | None:
-        """The counts since the last call (None when there were none)."""
+    def take(self, state_level: int = 0) -> Hf3fsctlConnectorStats | None:
+        """The counts since the last call (None when there were none).
+
+        Args:
+            state_level: the connector's health now (0 ok, 1 degraded, 2 disabled,
+                `hf3fsctl.health.LEVELS`); shipped while not ok and once when it changes,
+                for the `hf3fsctl:connector_state` gauge.
+        """
         with self._lock:
             data, self._data = self._data, _empty()
+            if state_level or state_level != self._reported_level:
+                data[STATE] = state_level
+            self._reported_level = state_level
         stats = Hf3fsctlConnectorStats(data=data)
         return None if stats.is_empty() else stats
 
@@ -132,7 +145,9 @@ class Hf3fsctlConnectorStats(KVConnectorStats):
 
     def aggregate(self, other: KVConnectorStats) -> KVConnectorStats:
         for name, value in other.data.items():
-            if isinstance(value, list):
+            if name == STATE:  # the worst state of any worker
+                self.data[STATE] = max(self.data.get(STATE, 0), value)
+            elif isinstance(value, list):
                 self.data.setdefault(name, []).extend(value[:_MAX_SAMPLES])
             else:
                 self.data[name] = self.data.get(name, 0) + value
@@ -156,6 +171,8 @@ class Hf3fsctlConnectorStats(KVConnectorStats):
         return out
 
     def is_empty(self) -> bool:
+        if STATE in self.data:
+            return False
         return not any(
             (len(value) if isinstance(value, list) else value) for value in self.data.values()
         )
@@ -195,6 +212,13 @@ class Hf3fsctlPromMetrics(KVConnectorPromMetrics):
             documentation="Blocks whose load or save failed, by kind",
             labelnames=[*labelnames, "kind"],
         )
+        self._state: Any = cast(Any, self._gauge_cls)(
+            name="hf3fsctl:connector_state",
+            documentation="Connector health: 0 ok, 1 degraded (saves failing), "
+            "2 disabled (storage unusable: every lookup a miss)",
+            labelnames=labelnames,
+            multiprocess_mode="mostrecent",
+        )
         self._latency: Any = self._histogram_cls_any(
             name="hf3fsctl:connector_latency_seconds",
             documentation="Latency of connector operations (lookup, load, save)",
@@ -204,6 +228,8 @@ class Hf3fsctlPromMetrics(KVConnectorPromMetrics):
 
     def observe(self, transfer_stats_data: dict[str, Any], engine_idx: int = 0) -> None:
         labels = self.per_engine_labelvalues.get(engine_idx, [])
+        if STATE in transfer_stats_data:
+            self._state.labels(*labels).set(transfer_stats_data[STATE])
         for name, counter in self._counters.items():
             value = transfer_stats_data.get(name, 0)
             if value:

@@ -3,8 +3,17 @@
 Contract:
     * `register_kv_caches` derives the page geometry from `kv_cache_tensors`, checks it
       against the tensors (`connector.geometry`), opens the I/O engine and this rank's page
-      file, writes the namespace manifest beside it and registers namespace and rank with
-      the metadata service (retried later if the service is down at start-up).
+      file (growing on demand, or as registered), writes the namespace manifest beside it
+      and registers namespace and rank with the metadata service (retried later if the
+      service is down at start-up).
+    * The cache never stops inference (DESIGN decision 14): only configuration errors (an
+      unknown KV layout) raise from `register_kv_caches`. A storage failure at start-up
+      (missing or read-only mount, no space, permissions, an unopenable metadata DB)
+      logs one error with the fix and leaves the connector disabled — loads fail fast
+      and are recomputed, saves are dropped — retried every `connector.storage_retry_s`.
+      A save that hits ENOSPC/EIO fails alone (counted by kind, its pages released) and
+      saves pause for `connector.storage_retry_s`; `ConnectorHealth` records the state
+      for `doctor` and Prometheus.
     * Saves: `wait_for_save` gathers each save job's blocks into staging *synchronously*
       (on CUDA: on a side stream after an event, with the compute stream waiting for it),
       so the bytes are copied while the request still owns its blocks. Allocation, the
@@ -36,17 +45,19 @@ import threading
 import time
 import weakref
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from hf3fsctl.config import Config
-from hf3fsctl.errors import ConfigError, Hf3fsctlError, NamespaceConflict
+from hf3fsctl.errors import ConfigError, Hf3fsctlError, NamespaceConflict, StorageError
+from hf3fsctl.health import ConnectorHealth
 from hf3fsctl.keys import NamespaceManifest
 from hf3fsctl.meta.models import Location, RankFile
 from hf3fsctl.staging import KVSegment, StagingPool, gather_blocks, total_page_bytes
 from hf3fsctl.storage.engine import IOEngine, open_engine
-from hf3fsctl.storage.layout import PageFile, write_manifest
+from hf3fsctl.storage.layout import PageFile, rank_file_name, write_manifest
 
 from .geometry import kv_segments
 from .jobs import LoadRun, invalidate_corrupt, run_load, run_load_direct, run_save
@@ -118,7 +129,16 @@ class WorkerSide:
         self.segments: list[KVSegment] = []
         self.page_file: PageFile | None = None
         self.engine: IOEngine | None = None
-        self.disabled: str | None = "KV caches not registered yet"
+        self.disabled: str | None = "KV caches not registered yet"  # why no I/O now
+        self.health = ConnectorHealth(
+            role="worker",
+            rank=self.rank,
+            namespace=self.namespace,
+            storage_path=config.storage.path,
+        )
+        self._storage_retry_at = 0.0  # when to try opening failed storage again
+        self._saves_paused_until = 0.0  # saves skipped after a storage failure
+        self._retrying = False  # a background retry of storage/registration is queued
         self._registered = False
         self._register_lock = threading.Lock()
         self._cuda = False
@@ -158,33 +178,18 @@ class WorkerSide:
         if self._cuda:
             self._save_stream = torch.cuda.Stream(device=device)  # type: ignore[no-untyped-call]
             self._load_stream = torch.cuda.Stream(device=device)  # type: ignore[no-untyped-call]
-        storage = self.config.storage
-        self.engine = open_engine(
-            storage.engine,
-            io_threads=storage.io_threads,
-            o_direct=storage.o_direct,
-            root=storage.path,
-        )
-        self.page_file = PageFile.create(
-            storage.path,
-            self.namespace,
-            self.rank,
-            page_bytes,
-            storage.file_size,
-            preallocate=storage.preallocate,
-        )
-        write_manifest(storage.path, self.manifest)
-        if self.staging_prewarm_bytes > 0:
+        if self._open_storage():
+            self.disabled = "not registered with the metadata service yet"
+        if self.page_file is not None and self.staging_prewarm_bytes > 0:
             threading.Thread(
                 target=self._prewarm_staging, name="hf3fsctl-prewarm", daemon=True
             ).start()
-        self.disabled = None
         self.ensure_registered()
         from hf3fsctl.staging import _ops
 
         logger.info(
             "hf3fsctl connector rank %d: namespace %s (%s, %s, %s, block %d, %d B/page), "
-            "engine %s, page file %s (%d pages), staging %s path, %s MiB%s, metadata %s",
+            "engine %s, page file %s, staging %s path, %s MiB%s, metadata %s%s",
             self.rank,
             self.namespace,
             self.manifest.model,
@@ -192,14 +197,86 @@ class WorkerSide:
             self.manifest.layout,
             self.manifest.block_size,
             page_bytes,
-            self.engine.name,
-            self.page_file.path,
-            self.page_file.num_pages,
+            "-" if self.engine is None else self.engine.name,
+            "-" if self.page_file is None else self._describe_file(self.page_file),
             _ops().name,
             self.pool.capacity_bytes >> 20,
             " pinned" if self.pool.pinned else "",
             self.guard.url,
+            "" if self.disabled is None else f" — DISABLED: {self.disabled}",
         )
+
+    @staticmethod
+    def _describe_file(file: PageFile) -> str:
+        kind = "growing on demand" if file.growable else f"{file.num_pages} pages preallocated"
+        return f"{file.path} ({kind})"
+
+    def _open_storage(self) -> bool:
+        """Open the I/O engine, this rank's page file and manifest; disable on failure.
+
+        Returns:
+            True when storage is open. Never raises a storage error: the connector is
+            disabled instead (logged once with the fix) and tried again later.
+        """
+        storage = self.config.storage
+        root = Path(storage.path)
+        try:
+            if not root.is_dir():
+                # Create the root only inside an existing directory: a missing mount
+                # (its parent gone too) must not turn into a cache on the local disk.
+                if not root.parent.is_dir():
+                    raise StorageError(f"storage path {root} does not exist (nor its parent)")
+                root.mkdir(exist_ok=True)
+                logger.info("created storage root %s", root)
+            if self.engine is None:
+                self.engine = open_engine(
+                    storage.engine,
+                    io_threads=storage.io_threads,
+                    o_direct=storage.o_direct,
+                    root=storage.path,
+                )
+            if self.page_file is None:
+                if storage.preallocate:
+                    self.page_file = PageFile.create(
+                        root,
+                        self.namespace,
+                        self.rank,
+                        self.manifest.page_bytes,
+                        storage.file_size,
+                    )
+                else:
+                    self.page_file = PageFile.create_growable(
+                        root, self.namespace, self.rank, self.manifest.page_bytes
+                    )
+            write_manifest(root, self.manifest)
+        except (StorageError, OSError) as exc:
+            message = exc.message if isinstance(exc, StorageError) else str(exc)
+            self._disable(
+                f"storage unusable: {message}",
+                f"check that {root} is mounted, writable and has free space "
+                "(`hf3fsctl doctor`); the connector retries by itself",
+            )
+            return False
+        return True
+
+    def _disable(self, reason: str, fix: str) -> None:
+        self.disabled = reason
+        self._storage_retry_at = time.monotonic() + self.config.connector.storage_retry_s
+        self.health.disable(reason, fix)
+
+    def retry_storage(self) -> bool:
+        """Try a failed start-up again once its back-off passed (from save threads)."""
+        if self.disabled is None:
+            return True
+        if time.monotonic() < self._storage_retry_at:
+            return False
+        with self._register_lock:
+            if self.disabled is None:
+                return True
+            self._storage_retry_at = time.monotonic() + self.config.connector.storage_retry_s
+        if self.page_file is None and not self._open_storage():
+            return False
+        return self.ensure_registered()
 
     def _prewarm_staging(self) -> None:
         """Fault in one step's worth of staging now, not in the first save's step."""
@@ -218,7 +295,11 @@ class WorkerSide:
         )
 
     def ensure_registered(self) -> bool:
-        """Register namespace and rank file with the service (once); False if it is down."""
+        """Register namespace and rank file with the service (once); False if it is down.
+
+        A rank already registered (by `hf3fsctl init --preallocate`, or a store from an
+        older version) keeps its registration: this rank's file is reopened as it says.
+        """
         if self._registered:
             return True
         if self.page_file is None:
@@ -226,28 +307,74 @@ class WorkerSide:
         with self._register_lock:
             if self._registered:
                 return True
-            file = self.page_file
-            rank_file = RankFile(
-                rank=self.rank,
-                path=file.relpath,
-                page_bytes=file.page_bytes,
-                slot_bytes=file.slot_bytes,
-                num_pages=file.num_pages,
-            )
             try:
-                self.guard.call(
+                info = self.guard.call(
                     lambda c: c.register_namespace(self.namespace, self.manifest.to_dict())
                 )
+                registered = next((f for f in info.rank_files if f.rank == self.rank), None)
+                if registered is not None:
+                    self._adopt(registered)
+                rank_file = self._rank_file()
                 self.guard.call(lambda c: c.register_rank(self.namespace, rank_file))
             except NamespaceConflict as exc:
-                self.disabled = f"namespace conflict: {exc}"
-                logger.error("hf3fsctl connector disabled on rank %d: %s", self.rank, exc)
+                self._disable(
+                    f"namespace conflict: {exc.message}",
+                    "the store holds this namespace with another geometry; see `hf3fsctl "
+                    "stats`, or remove the stale namespace with `hf3fsctl evict --stale`",
+                )
+                return False
+            except (StorageError, OSError) as exc:
+                self._disable(
+                    f"page file unusable: {exc}", "check the storage with `hf3fsctl doctor`"
+                )
                 return False
             except Hf3fsctlError as exc:
                 logger.warning("registering rank %d deferred: %s", self.rank, exc)
                 return False
+            except Exception as exc:  # e.g. an embedded DB on a read-only mount
+                self._disable(
+                    f"metadata store unusable: {type(exc).__name__}: {exc}",
+                    f"check metadata.url ({self.guard.url}) with `hf3fsctl doctor`",
+                )
+                return False
             self._registered = True
+            self.disabled = None
+            if self.health.state != "ok":
+                self.health.recover()
+            self.health.publish()
             return True
+
+    def _rank_file(self) -> RankFile:
+        file = self.page_file
+        assert file is not None
+        return RankFile(
+            rank=self.rank,
+            path=file.relpath,
+            page_bytes=file.page_bytes,
+            slot_bytes=file.slot_bytes,
+            num_pages=file.num_pages,
+            preallocated=not file.growable,
+        )
+
+    def _adopt(self, registered: RankFile) -> None:
+        """Reopen this rank's page file as the store registered it (fixed or growing)."""
+        current = self._rank_file()
+        if registered == current:
+            return
+        if registered.path != rank_file_name(self.namespace, self.rank):
+            return  # a conflict: register_rank reports it
+        root = self.config.storage.path
+        if registered.preallocated:
+            reopened = PageFile.open(
+                root, registered.path, registered.page_bytes, registered.num_pages
+            )
+        else:
+            reopened = PageFile.create_growable(
+                root, self.namespace, self.rank, registered.page_bytes
+            )
+        old, self.page_file = self.page_file, reopened
+        if old is not None:
+            old.close()
 
     # --- saves ---------------------------------------------------------------------
 
@@ -266,9 +393,11 @@ class WorkerSide:
                 self._outstanding[job.req_id] = self._outstanding.get(job.req_id, 0) + 1
             lease = None
             try:
-                if self.disabled is not None:
+                if self.disabled is not None or self.saves_paused():
                     self.stats.add(save_dropped=len(job.keys))
+                    self.stats.fail("disabled" if self.disabled else "paused", len(job.keys))
                     self._save_ended(job.req_id)
+                    self._retry_in_background()
                     continue
                 lease = self.pool.acquire(len(job.block_ids), self.manifest.page_bytes)
                 if lease is None:
@@ -285,6 +414,50 @@ class WorkerSide:
                 if lease is not None:
                     lease.release()
                 self._save_ended(job.req_id)
+
+    def saves_paused(self) -> bool:
+        """True while saves wait out the back-off after a storage failure."""
+        return time.monotonic() < self._saves_paused_until
+
+    def storage_failed(self, kind: str, blocks: int, reason: str) -> None:
+        """A save hit the storage (no space, I/O error): pause saves, record the state."""
+        self._saves_paused_until = time.monotonic() + self.config.connector.storage_retry_s
+        fix = (
+            "free space: `hf3fsctl evict`, a lower storage.capacity, or a larger file system"
+            if kind == "no_space"
+            else "check the storage with `hf3fsctl doctor`"
+        )
+        self.health.degrade(kind, f"{blocks} blocks not saved: {reason}", fix)
+
+    def storage_worked(self) -> None:
+        """A save reached the store: leave the degraded state if in it."""
+        if self.health.state == "degraded":
+            self.health.recover()
+
+    def _retry_in_background(self) -> None:
+        """While disabled, try storage and registration again off the engine step."""
+        if self.disabled is None or time.monotonic() < self._storage_retry_at:
+            return
+        with self._lock:
+            if self._retrying:
+                return
+            self._retrying = True
+
+        def retry() -> None:
+            try:
+                self.retry_storage()
+            except Exception:  # never let a retry kill the pool thread
+                logger.debug("storage retry failed", exc_info=True)
+            finally:
+                with self._lock:
+                    self._retrying = False
+                    self._lock.notify_all()
+
+        try:
+            self._save_pool.submit(retry)
+        except RuntimeError:  # shut down
+            with self._lock:
+                self._retrying = False
 
     def _gather(self, block_ids: list[int], out: torch.Tensor) -> Any:
         """Copy blocks into `out`; returns a CUDA event to wait on (None on CPU)."""
@@ -346,7 +519,7 @@ class WorkerSide:
         kind = "error"
         try:
             if self.disabled is not None:
-                kind = "metadata_down"
+                kind = "disabled"
             elif sync and not self._cuda:
                 failed, kind = run_load_direct(self, run)
             else:
@@ -474,7 +647,7 @@ class WorkerSide:
         """Wait until no save (or invalidation) is in flight; True if within the timeout."""
         deadline = time.monotonic() + timeout_s
         with self._lock:
-            while self._outstanding or self._invalidating:
+            while self._outstanding or self._invalidating or self._retrying:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     return False
@@ -492,4 +665,5 @@ class WorkerSide:
         if self.page_file is not None:
             self.page_file.close()
         self.guard.close()
+        self.health.retire()
         _LIVE_WORKERS.discard(self)

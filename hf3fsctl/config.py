@@ -27,7 +27,7 @@ from hf3fsctl.errors import ConfigError
 
 ENV_PREFIX = "HF3FSCTL_"
 # Environment variables with the prefix that are not configuration keys.
-RESERVED_ENV = {"HF3FSCTL_CONFIG", "HF3FSCTL_DEBUG"}
+RESERVED_ENV = {"HF3FSCTL_CONFIG", "HF3FSCTL_DEBUG", "HF3FSCTL_STATE_DIR"}
 
 _SIZE_UNITS = {
     "": 1,
@@ -262,6 +262,15 @@ class ConnectorConfig:
             "wait this long for a store lookup inside the scheduler step (0 = never)",
             min=0,
             max=1000,
+        ),
+    )
+    storage_retry_s: float = field(
+        default=5.0,
+        metadata=_spec(
+            "after a storage failure (no space, I/O error, missing mount) skip saves "
+            "this long before trying again",
+            min=0,
+            max=3600,
         ),
     )
     load_mode: str = field(

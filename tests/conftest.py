@@ -12,6 +12,12 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
+@pytest.fixture(autouse=True)
+def _connector_status_files(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Connector status files (`hf3fsctl.health`) go to a private directory per session."""
+    os.environ["HF3FSCTL_STATE_DIR"] = str(tmp_path_factory.getbasetemp() / "connector-state")
+
+
 def _cuda_available() -> bool:
     try:
         import torch

@@ -7,9 +7,13 @@ Checks, in order (a check that cannot run because an earlier one failed is `skip
    type (`/proc/mounts`), the I/O engine that would be used and why.
 3. metadata: the service answers (`health()`), an authenticated call is accepted,
    and (embedded SQLite) the store's invariants hold.
-4. namespaces (`doctor_store`): manifests on disk match the registered ones, page files
+4. capacity: the store's recorded capacity, what its page files hold, and whether the
+   file system can still give what the capacity promises.
+5. namespaces (`doctor_store`): manifests on disk match the registered ones, page files
    exist with the registered size; with `--checksums`, committed pages read back and
    match their checksums.
+6. connectors on this node (`hf3fsctl.health` status files): running connectors that
+   are disabled (fail) or degraded (warn), and why; exited ones that ended in trouble.
 
 Exit code 1 when any check fails (0 with only warnings).
 """
@@ -67,16 +71,9 @@ def check_storage(report: Report, cfg: Config) -> bool:
         return False
     report.add("storage.writable", "ok", "a probe file was written, synced and removed")
     usage = shutil.disk_usage(root)
-    detail = f"{format_size(usage.free)} free of {format_size(usage.total)}"
-    if usage.free < cfg.storage.file_size:
-        report.add(
-            "storage.free_space",
-            "warn",
-            f"{detail}: less than one page file ({format_size(cfg.storage.file_size)})",
-            "free space, or lower storage.file_size for new namespaces",
-        )
-    else:
-        report.add("storage.free_space", "ok", detail)
+    report.add(
+        "storage.free_space", "ok", f"{format_size(usage.free)} free of {format_size(usage.total)}"
+    )
     choice = describe_engine_choice(cfg.storage.engine, root)
     report.add(
         "storage.mount",
@@ -128,6 +125,65 @@ def check_metadata(report: Report, client: MetadataClient) -> bool:
         return False
     report.add("metadata.auth", "ok", "an authenticated call (stats) was accepted")
     return True
+
+
+def check_capacity(report: Report, cfg: Config, client: MetadataClient) -> None:
+    """The recorded capacity, what the store holds, and whether the disk can give it."""
+    from hf3fsctl.config import format_size
+
+    info = client.capacity()
+    if info.capacity_bytes is None:
+        report.add(
+            "store.capacity",
+            "warn",
+            "no capacity recorded: the store may grow until the file system is full",
+            f"hf3fsctl init --storage-path {cfg.storage.path} --capacity 80%",
+        )
+        return
+    share = info.bytes_used / info.capacity_bytes
+    detail = (
+        f"{format_size(info.bytes_used)} of {format_size(info.capacity_bytes)} held "
+        f"({share:.0%}), shared by every namespace"
+    )
+    report.add("store.capacity", "ok", detail)
+    root = Path(cfg.storage.path)
+    if root.is_dir():
+        room = shutil.disk_usage(root).free + info.bytes_used
+        if room < info.capacity_bytes:
+            report.add(
+                "store.room",
+                "warn",
+                f"the file system can give the store {format_size(room)}, less than its "
+                f"capacity: writes will fail with no space before eviction frees any",
+                "free space on the file system, or record a smaller capacity with "
+                "`hf3fsctl init --capacity`",
+            )
+
+
+def check_connectors(report: Report) -> None:
+    """Connectors of this node that are disabled or degraded (their status files)."""
+    import time
+
+    from hf3fsctl.health import read_status, state_dir
+
+    records = read_status()
+    running = [r for r in records if r["alive"]]
+    troubled = [r for r in records if r["state"] != "ok"]
+    if not records:
+        report.add("connectors", "skip", f"no connector status files in {state_dir()}")
+        return
+    healthy = sum(1 for r in running if r["state"] == "ok")
+    report.add("connectors", "ok", f"{len(running)} running here, {healthy} healthy")
+    for record in troubled:
+        who = f"{record['role']} rank {record['rank']} (pid {record['pid']})"
+        age = time.time() - float(record.get("since", 0))
+        if record["alive"]:
+            status = "fail" if record["state"] == "disabled" else "warn"
+            detail = f"{who} {record['state']} for {age:.0f}s: {record['reason']}"
+        else:
+            status = "warn"
+            detail = f"{who}, now exited, was {record['state']}: {record['reason']}"
+        report.add(f"connector.{record['pid']}.{record['role']}", status, detail, record["fix"])
 
 
 def check_invariants(report: Report, cfg: Config) -> None:
@@ -190,6 +246,7 @@ def doctor(
             try:
                 if check_metadata(report, client):
                     check_invariants(report, cfg)
+                    check_capacity(report, cfg, client)
                     if storage_ok:
                         doctor_store.check_namespaces(report, cfg, client)
                         if checksums:
@@ -202,6 +259,7 @@ def doctor(
                             )
             finally:
                 client.close()
+    check_connectors(report)
     if json:
         output.print_json(report.to_dict())
     else:

@@ -99,7 +99,7 @@ def _rank_file_problem(root: Path, rf: RankFile) -> str | None:
     except OSError as exc:
         return f"rank {rf.rank}: {rf.path}: {exc.strerror}"
     needed = rf.num_pages * rf.slot_bytes
-    if size < needed:
+    if rf.preallocated and size < needed:  # a growing file holds only what was written
         return f"rank {rf.rank}: {rf.path} has {size} bytes, needs {needed}"
     return None
 
@@ -226,7 +226,14 @@ def _verify_namespace(
             bad.append(f"rank {rank}: entries but no registered page file")
             continue
         try:
-            file = PageFile.open(root, rf.path, rf.page_bytes, rf.num_pages, writable=False)
+            file = PageFile.open(
+                root,
+                rf.path,
+                rf.page_bytes,
+                rf.num_pages,
+                writable=False,
+                growable=not rf.preallocated,
+            )
         except Hf3fsctlError as exc:
             bad.append(f"rank {rank}: {exc.message}")
             continue

@@ -156,10 +156,10 @@ def record_capacity(config: Config, client: MetadataClient, explicit: bool) -> d
     amount = parse_amount(config.storage.capacity, "storage.capacity")
     value = resolve_capacity(amount, root, current.bytes_used)
     room = file_system_room(root) + current.bytes_used
-    if value < 1 << 20:
+    if value < 4096:
         raise InvalidRequest(
             f"storage.capacity {config.storage.capacity} is {value} bytes here: too small "
-            f"to hold a page",
+            "to hold a page",
             hint=f"free space on {root} ({format_size(room)} available) or pass a larger "
             "--capacity",
         )

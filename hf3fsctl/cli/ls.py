@@ -1,37 +1,74 @@
-"""`hf3fsctl ls`: list stored entries, most recently used first.
+"""`hf3fsctl ls`: list stored entries, most recently used first; or, with `--pins`, pins.
 
 One row per (key, rank) entry: namespace, key prefix, rank, page, size, state
-(committed/pending), hits and the age of the last access. `--json` prints the entries
-in full (whole keys, checksums, timestamps).
+(committed/pending), depth, hits, the age of the last access and whether the key is
+pinned. `--pins` lists live pins instead, newest first: namespace, key, when pinned,
+when the pin expires and whether the key is stored now. `--json` prints the entries (or
+pins) in full (whole keys, checksums, timestamps).
 """
 
 from __future__ import annotations
 
 import time
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from hf3fsctl.cli import context, output
 from hf3fsctl.cli.options import ConfigOpt, JsonOpt, NamespaceOpt
 
+if TYPE_CHECKING:
+    from hf3fsctl.meta.models import PinInfo
+
 KEY_PREFIX_CHARS = 16
+
+
+def show_pins(pins: list[PinInfo], limit: int) -> None:
+    """The pins table, for people."""
+    now = time.time()
+    rows = [
+        [
+            pin.namespace,
+            pin.key[:KEY_PREFIX_CHARS],
+            f"{output.format_age(now - pin.created)} ago",
+            "never" if pin.expires is None else f"in {output.format_age(pin.expires - now)}",
+            "yes" if pin.stored else "no",
+        ]
+        for pin in pins
+    ]
+    output.show(output.table(["namespace", "key", "pinned", "expires", "stored"], rows))
+    if len(pins) == limit:
+        output.info(f"showing the first {limit}; pass --limit for more")
 
 
 def ls(
     ctx: typer.Context,
     config: ConfigOpt = None,
     namespace: NamespaceOpt = None,
-    limit: Annotated[int, typer.Option("--limit", min=1, help="Show at most N entries.")] = 50,
+    limit: Annotated[
+        int, typer.Option("--limit", min=1, help="Show at most N entries (or pins).")
+    ] = 50,
+    pins: Annotated[
+        bool, typer.Option("--pins", help="List pins (key, expiry, stored) instead of entries.")
+    ] = False,
     json: JsonOpt = False,
 ) -> None:
-    """List entries: key, rank, page, size, state, hits, last access."""
+    """List entries: key, rank, page, size, state, hits, last access, pinned (or --pins)."""
     from hf3fsctl.config import format_size
 
     cfg = context.load(ctx, config)
     with context.open_client(cfg) as client:
         ns = context.resolve_namespace(client, namespace)
-        entries = client.list_entries(ns, limit=limit)
+        if pins:
+            pin_list = client.list_pins(ns, limit=limit)
+        else:
+            entries = client.list_entries(ns, limit=limit)
+    if pins:
+        if json:
+            output.print_json({"pins": [pin.model_dump() for pin in pin_list]})
+        else:
+            show_pins(pin_list, limit)
+        return
     if json:
         output.print_json({"entries": [entry.model_dump() for entry in entries]})
         return
@@ -47,12 +84,24 @@ def ls(
             entry.depth,
             entry.hits,
             output.format_age(now - entry.last_access),
+            "yes" if entry.pinned else "-",
         ]
         for entry in entries
     ]
     output.show(
         output.table(
-            ["namespace", "key", "rank", "page", "size", "state", "depth", "hits", "last use"],
+            [
+                "namespace",
+                "key",
+                "rank",
+                "page",
+                "size",
+                "state",
+                "depth",
+                "hits",
+                "last use",
+                "pinned",
+            ],
             rows,
             right=("rank", "page", "size", "depth", "hits", "last use"),
         )

@@ -15,27 +15,37 @@ commits. The rules (DESIGN decision 5b, `docs/design.md#store-capacity`):
   store would be at `low_watermark * capacity` after the allocation. Pages freed in the
   allocating file are reused at once; pages freed elsewhere are punched back to the file
   system so the allocating file can grow into the space.
-- **Quotas.** A namespace (or every namespace of a model) with a quota first evicts its
-  own LRU keys when its live bytes would pass `high_watermark * quota`, down to
-  `low_watermark * quota`, and never gets pages beyond the quota.
+- **Quotas.** A namespace (or every namespace of a model) with a quota is held to it the
+  same way, within itself: above `high_watermark * quota` of held bytes it gives back its
+  other files' free pages and evicts its own LRU keys down to `low_watermark * quota`,
+  and never holds more than the quota.
 - Without the storage root (a server without the mount), freed space cannot be given
   back, so room is made only by evicting the allocating namespace's own keys.
 
 Pages a reader still holds under a lease are neither reused nor punched until the lease
 ends; they are given back by a later pass.
+
+Giving space back is two-phase, so a transaction that fails never leaves a committed key
+over a hole: inside the transaction free pages are only *marked* (`punched = 2`, counted
+in `holes`, never handed out); the store punches them after the transaction commits and
+then settles them (`punched = 1`), or unmarks them if the file system refused. Marks left
+by a crash between the two are finished when a store opens.
 """
 
 from __future__ import annotations
 
 import sqlite3
 from collections import defaultdict
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 from hf3fsctl.meta.eviction import evict_lru, free_pages_of_rows
 
-# `punch(relpath, slot_bytes, pages) -> bool`: give free pages' disk space back.
-Puncher = Callable[[str, int, Sequence[int]], bool]
+PUNCHED = 1  # free_pages.punched: its disk space went back to the file system
+GIVING_BACK = 2  # marked inside a transaction; punched once that transaction committed
+
+# (namespace, rank, relpath, slot_bytes, pages) of one file's pages to give back.
+GiveBack = tuple[str, int, str, int, list[int]]
 
 _HELD_SQL = (
     "SUM(CASE WHEN preallocated THEN num_pages * slot_bytes"
@@ -73,7 +83,8 @@ class Bounds:
     high: float  # watermarks, as shares of the capacity (or a quota)
     low: float
     quotas: Sequence[tuple[Sequence[str], int]]  # (namespaces it covers, bytes) per quota
-    punch: Puncher | None  # None: freed space cannot be given back here
+    can_punch: bool  # False: freed space cannot be given back here (no storage root)
+    given_back: list[GiveBack] = field(default_factory=list)  # marked; punch after commit
 
 
 def rank_file_row(conn: sqlite3.Connection, namespace: str, rank: int) -> RankFileRow | None:
@@ -103,16 +114,6 @@ def held_bytes(conn: sqlite3.Connection, namespaces: Sequence[str] | None = None
     return int(row[0] or 0)
 
 
-def live_bytes(conn: sqlite3.Connection, namespaces: Sequence[str]) -> int:
-    """Bytes of the pages held by entries (committed or pending) of `namespaces`."""
-    marks = ",".join("?" * len(namespaces))
-    row = conn.execute(
-        f"SELECT SUM(used * slot_bytes) FROM rank_files WHERE namespace IN ({marks})",
-        tuple(namespaces),
-    ).fetchone()
-    return int(row[0] or 0)
-
-
 def reusable_free(conn: sqlite3.Connection, namespace: str, rank: int, now: float) -> int:
     """Free pages of a rank file reusable now that still hold their disk space."""
     row = conn.execute(
@@ -133,36 +134,72 @@ def reclaim_all_expired(conn: sqlite3.Connection, now: float) -> int:
     return len(rows)
 
 
-def give_back_free(
+def mark_give_back(
     conn: sqlite3.Connection,
-    punch: Puncher,
     now: float,
     keep: tuple[str, int] | None = None,
-) -> int:
-    """Punch the free, lease-free pages of growing files (but `keep`'s); returns bytes."""
+    scope: Sequence[str] | None = None,
+) -> list[GiveBack]:
+    """Mark the free, lease-free pages of growing files of `scope` (but `keep`'s) to give
+    back; they count as holes from now on and are never handed out until settled."""
     files: dict[tuple[str, int], tuple[str, int, list[int]]] = {}
+    allowed = None if scope is None else set(scope)
     for ns, rank, page, path, slot in conn.execute(
         "SELECT f.namespace, f.rank, f.page, r.path, r.slot_bytes FROM free_pages f"
         " JOIN rank_files r ON r.namespace = f.namespace AND r.rank = f.rank"
         " WHERE f.punched = 0 AND f.reusable_after <= ? AND r.preallocated = 0",
         (now,),
     ):
-        if (ns, rank) != keep:
+        if (ns, rank) != keep and (allowed is None or ns in allowed):
             files.setdefault((ns, rank), (path, slot, []))[2].append(page)
-    given = 0
-    for (ns, rank), (path, slot, pages) in files.items():
-        if not punch(path, slot, pages):
-            continue
+    for (ns, rank), (_, _, pages) in files.items():
         conn.executemany(
-            "UPDATE free_pages SET punched = 1 WHERE namespace = ? AND rank = ? AND page = ?",
-            [(ns, rank, page) for page in pages],
+            "UPDATE free_pages SET punched = ? WHERE namespace = ? AND rank = ? AND page = ?",
+            [(GIVING_BACK, ns, rank, page) for page in pages],
         )
         conn.execute(
             "UPDATE rank_files SET holes = holes + ? WHERE namespace = ? AND rank = ?",
             (len(pages), ns, rank),
         )
-        given += len(pages) * slot
-    return given
+    return [(ns, rank, path, slot, pages) for (ns, rank), (path, slot, pages) in files.items()]
+
+
+def marked_give_back(conn: sqlite3.Connection) -> list[GiveBack]:
+    """Pages marked to give back whose punch never settled (a crash between the phases)."""
+    files: dict[tuple[str, int], tuple[str, int, list[int]]] = {}
+    for ns, rank, page, path, slot in conn.execute(
+        "SELECT f.namespace, f.rank, f.page, r.path, r.slot_bytes FROM free_pages f"
+        " JOIN rank_files r ON r.namespace = f.namespace AND r.rank = f.rank"
+        " WHERE f.punched = ?",
+        (GIVING_BACK,),
+    ):
+        files.setdefault((ns, rank), (path, slot, []))[2].append(page)
+    return [(ns, rank, path, slot, pages) for (ns, rank), (path, slot, pages) in files.items()]
+
+
+def settle_give_back(
+    conn: sqlite3.Connection, done: Sequence[GiveBack], refused: Sequence[GiveBack]
+) -> None:
+    """After the punches: `done` pages are punched; `refused` ones hold their space again."""
+    for ns, rank, _, _, pages in done:
+        conn.executemany(
+            "UPDATE free_pages SET punched = ? WHERE namespace = ? AND rank = ? AND page = ?"
+            " AND punched = ?",
+            [(PUNCHED, ns, rank, page, GIVING_BACK) for page in pages],
+        )
+    for ns, rank, _, _, pages in refused:
+        reverted = sum(
+            conn.execute(
+                "UPDATE free_pages SET punched = 0 WHERE namespace = ? AND rank = ?"
+                " AND page = ? AND punched = ?",
+                (ns, rank, page, GIVING_BACK),
+            ).rowcount
+            for page in pages
+        )
+        conn.execute(
+            "UPDATE rank_files SET holes = holes - ? WHERE namespace = ? AND rank = ?",
+            (reverted, ns, rank),
+        )
 
 
 def _slots(conn: sqlite3.Connection) -> dict[tuple[str, int], tuple[int, bool]]:
@@ -174,59 +211,53 @@ def _slots(conn: sqlite3.Connection) -> dict[tuple[str, int], tuple[int, bool]]:
     }
 
 
-def _fit_quota(
+def _evictable_scope(
+    slots: dict[tuple[str, int], tuple[int, bool]],
+    namespace: str,
+    scope: Sequence[str] | None,
+    can_punch: bool,
+) -> list[str]:
+    """Namespaces whose evicted keys give space to `namespace`: its own, and — where freed
+    pages can be punched — those with growing files (a preallocated file keeps its size)."""
+    if not can_punch:
+        return [namespace]
+    growing = {ns for (ns, _), (_, preallocated) in slots.items() if not preallocated}
+    allowed = growing if scope is None else growing & set(scope)
+    return sorted(allowed | {namespace})
+
+
+def _fit(
     conn: sqlite3.Connection,
     row: RankFileRow,
     need: int,
     now: float,
     bounds: Bounds,
-    scope: Sequence[str],
-    quota: int,
+    scope: Sequence[str] | None,
+    limit: int,
 ) -> int:
-    """Evict within `scope` for a quota; returns the most pages the quota still allows."""
-    live = live_bytes(conn, scope)
-    if live + need * row.slot > bounds.high * quota:
-        slots = _slots(conn)
-        state = {"live": live}
+    """Make room for `need` pages of `row` within `limit` bytes held by `scope`.
 
-        def freed(ns: str, rank: int, page: int) -> None:
-            state["live"] -= slots.get((ns, rank), (0, False))[0]
-
-        evict_lru(
-            conn,
-            now,
-            scope=scope,
-            satisfied=lambda: state["live"] + need * row.slot <= bounds.low * quota,
-            on_free=freed,
-            batch=max(256, need),
-        )
-        live = live_bytes(conn, scope)
-    return max(0, (quota - live) // row.slot)
-
-
-def _fit_capacity(
-    conn: sqlite3.Connection, row: RankFileRow, need: int, now: float, bounds: Bounds
-) -> int:
-    """Make room in the store for `need` pages of `row`; returns the most it can grant."""
-    assert bounds.capacity is not None
-    capacity = bounds.capacity
+    `scope` None is the whole store (the capacity); a list of namespaces is a quota.
+    Returns the most pages that may be granted: reusable free pages of the file plus
+    what fits under `limit`.
+    """
     if row.preallocated:  # its pages hold their space already
         return need
     mine = (row.namespace, row.rank)
-    held = held_bytes(conn)
+    held = held_bytes(conn, scope)
     backed = reusable_free(conn, *mine, now)
 
-    def over(limit: float) -> bool:
-        return held + max(0, need - backed) * row.slot > limit
+    def over(ceiling: float) -> bool:
+        return held + max(0, need - backed) * row.slot > ceiling
 
-    if over(bounds.high * capacity):
+    if over(bounds.high * limit):
         reclaim_all_expired(conn, now)
-        if bounds.punch is not None:
-            give_back_free(conn, bounds.punch, now, keep=mine)
-        held, backed = held_bytes(conn), reusable_free(conn, *mine, now)
-    if over(bounds.high * capacity):
+        if bounds.can_punch:
+            bounds.given_back.extend(mark_give_back(conn, now, keep=mine, scope=scope))
+        held, backed = held_bytes(conn, scope), reusable_free(conn, *mine, now)
+    if over(bounds.high * limit):
         slots = _slots(conn)
-        can_punch = bounds.punch is not None
+        can_punch = bounds.can_punch
 
         def freed(ns: str, rank: int, page: int) -> None:
             nonlocal held, backed
@@ -240,15 +271,15 @@ def _fit_capacity(
         evict_lru(
             conn,
             now,
-            scope=None if can_punch else [row.namespace],
-            satisfied=lambda: not over(bounds.low * capacity),
+            scope=_evictable_scope(slots, row.namespace, scope, can_punch),
+            satisfied=lambda: not over(bounds.low * limit),
             on_free=freed,
             batch=max(256, need),
         )
-        if bounds.punch is not None:
-            give_back_free(conn, bounds.punch, now, keep=mine)
-        held, backed = held_bytes(conn), reusable_free(conn, *mine, now)
-    return backed + max(0, (capacity - held) // row.slot)
+        if bounds.can_punch:
+            bounds.given_back.extend(mark_give_back(conn, now, keep=mine, scope=scope))
+        held, backed = held_bytes(conn, scope), reusable_free(conn, *mine, now)
+    return backed + max(0, (limit - held) // row.slot)
 
 
 def room_for(
@@ -261,9 +292,9 @@ def room_for(
     limit = need
     for scope, quota in bounds.quotas:
         if row.namespace in scope:
-            limit = min(limit, _fit_quota(conn, row, need, now, bounds, scope, quota))
+            limit = min(limit, _fit(conn, row, need, now, bounds, scope, quota))
     if bounds.capacity is not None and limit > 0:
-        limit = min(limit, _fit_capacity(conn, row, limit, now, bounds))
+        limit = min(limit, _fit(conn, row, limit, now, bounds, None, bounds.capacity))
     return max(0, limit)
 
 
@@ -282,8 +313,8 @@ def take_pages(
         grow_room = max(0, (capacity - held_bytes(conn)) // row.slot)
     taken = conn.execute(
         "SELECT page, reusable_after, punched FROM free_pages WHERE namespace = ? AND rank = ?"
-        " AND reusable_after <= ? ORDER BY punched, reusable_after LIMIT ?",
-        (row.namespace, row.rank, now, count),
+        " AND reusable_after <= ? AND punched != ? ORDER BY punched, reusable_after LIMIT ?",
+        (row.namespace, row.rank, now, GIVING_BACK, count),
     ).fetchall()
     pages: list[tuple[int, float]] = []
     reused_holes = 0

@@ -16,7 +16,8 @@ Tables:
   `deadline`, the read `lease_until`, and `page_free_at` (when the page it took from the
   free list became reusable; 0 for a never-used page).
 - `free_pages`: pages given back, each reusable only after `reusable_after` (the latest
-  read lease of the entry that held it); `punched` once its disk space was returned.
+  read lease of the entry that held it); `punched` 1 once its disk space was returned,
+  2 while it is being given back (`meta/capacity.py`).
 - `pins`: (namespace, key) kept out of LRU eviction until `expires` (0 = no TTL).
 - `changes`: an append-only log, written by triggers, of every (namespace, key) that
   gained (+1) or lost (-1) a committed rank. Each process's `CommittedIndex` replays it
@@ -238,13 +239,13 @@ INVARIANT_QUERIES: list[tuple[str, str]] = [
         "WHERE next_unused > num_pages OR next_unused < 0",
     ),
     (
-        "rank file {} rank {} counts {} holes but {} free pages are punched",
+        "rank file {} rank {} counts {} holes but {} free pages are given back",
         """SELECT r.namespace, r.rank, r.holes,
                   (SELECT COUNT(*) FROM free_pages f WHERE f.namespace = r.namespace
-                   AND f.rank = r.rank AND f.punched = 1)
+                   AND f.rank = r.rank AND f.punched != 0)
            FROM rank_files r
            WHERE r.holes != (SELECT COUNT(*) FROM free_pages f WHERE f.namespace = r.namespace
-                             AND f.rank = r.rank AND f.punched = 1)""",
+                             AND f.rank = r.rank AND f.punched != 0)""",
     ),
     (
         "pin {}/{} belongs to no registered namespace",

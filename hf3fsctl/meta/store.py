@@ -34,6 +34,7 @@ handler (16 embedded writer processes: p99 seconds → milliseconds).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sqlite3
@@ -114,6 +115,19 @@ def sqlite_path(url: str) -> str:
     return path[1:] if path.startswith("//") else path
 
 
+def _wal_pages(path: str) -> int:
+    """WAL pages between checkpoints: 8192 (32 MiB, fewer checkpoints), but 256 (1 MiB)
+    on a small file system, where the WAL would otherwise eat the room left beside the
+    page files (the store's capacity is a share of the same file system)."""
+    import shutil
+
+    try:
+        total = shutil.disk_usage(os.path.dirname(path) or ".").total
+    except OSError:
+        return 8192
+    return 8192 if total >= 4 << 30 else 256
+
+
 def _placeholders(n: int) -> str:
     return ",".join("?" * n)
 
@@ -170,12 +184,14 @@ class MetadataStore:
         self.durable = durable
         self.background_checkpoint = background_checkpoint
         self.policy = policy or StorePolicy(storage_root=None, capacity="100%")
-        self._punch_warned = False
+        self._punch_refused = False  # the file system refused a hole punch: stop relying on it
+        self._punch_probed = False
         self._local = threading.local()
         self._connections: list[sqlite3.Connection] = []
         self._connections_lock = threading.Lock()
         Path(self.path).parent.mkdir(parents=True, exist_ok=True)
         self._writer = WriterLock(self.path + ".lock")
+        self._wal_pages = _wal_pages(self.path)
         self._counters: dict[str, list[int]] = {}  # namespace → [lookups, keys, hits]
         self._counters_lock = threading.Lock()
         self._last_flush = time.monotonic()
@@ -201,8 +217,9 @@ class MetadataStore:
             conn.execute(f"PRAGMA synchronous = {'FULL' if self.durable else 'NORMAL'}")
             conn.execute("PRAGMA temp_store = MEMORY")
             conn.execute("PRAGMA cache_size = -32768")
-            auto = 0 if self.background_checkpoint else 8192
+            auto = 0 if self.background_checkpoint else self._wal_pages
             conn.execute(f"PRAGMA wal_autocheckpoint = {auto}")
+            conn.execute(f"PRAGMA journal_size_limit = {self._wal_pages * 4096}")
             self._local.conn = conn
             with self._connections_lock:
                 self._connections.append(conn)
@@ -261,6 +278,9 @@ class MetadataStore:
         with self._read() as conn:
             recorded = self._stored_capacity(conn)
             held = room.held_bytes(conn)
+            marked = room.marked_give_back(conn)
+        if marked and self._can_punch():
+            self._give_back(marked)  # a crash came between marking and punching
         if recorded is not None:
             return recorded
         root = self.policy.storage_root
@@ -324,28 +344,66 @@ class MetadataStore:
             high=self.high_watermark,
             low=self.low_watermark,
             quotas=room.quota_scopes(conn, self.policy.quota_bytes(cap)),
-            punch=self._puncher(),
+            can_punch=self._can_punch(),
         )
 
-    def _puncher(self) -> room.Puncher | None:
-        """How this process gives freed pages' space back (None: it has no storage root)."""
-        root = self.policy.storage_root
-        if root is None or not Path(root).is_dir():
-            return None
+    def _can_punch(self) -> bool:
+        """Whether freed pages' space can go back to the file system from this process.
+
+        Needs the storage root here, and a file system that punches holes: probed once on
+        a scratch file (FUSE mounts often refuse), so eviction never takes other
+        namespaces' keys for space that would not come back.
+        """
+        if self._punch_refused or not self.policy.root_available():
+            return False
+        if self._punch_probed:
+            return True
         from hf3fsctl.storage.layout import punch_pages
 
-        def punch(relpath: str, slot: int, page_list: Sequence[int]) -> bool:
-            done = punch_pages(root, relpath, slot, page_list)
-            if not done and not self._punch_warned:
-                self._punch_warned = True
-                logger.warning(
-                    "cannot give freed pages of %s back to the file system (no hole "
-                    "punching there): their space stays with that page file",
-                    relpath,
-                )
-            return done
+        root = str(self.policy.storage_root)
+        name = f".hf3fsctl-punch-probe-{os.getpid()}-{threading.get_ident()}"
+        try:
+            with open(os.path.join(root, name), "wb") as probe:
+                probe.write(b"\1" * 8192)
+            works = punch_pages(root, name, 4096, [0])
+        except OSError:
+            works = False
+        finally:
+            with contextlib.suppress(OSError):
+                os.unlink(os.path.join(root, name))
+        self._punch_probed = True
+        if not works:
+            self._refuse_punching(root)
+        return works
 
-        return punch
+    def _refuse_punching(self, where: str) -> None:
+        if not self._punch_refused:
+            self._punch_refused = True
+            logger.warning(
+                "cannot give freed pages back to the file system at %s (no hole punching "
+                "there): freed space stays with each page file, and eviction for the "
+                "store's capacity takes only the allocating namespace's own keys",
+                where,
+            )
+
+    def _give_back(self, marked: Sequence[room.GiveBack]) -> None:
+        """Punch pages marked in a committed transaction, then settle their marks."""
+        root = self.policy.storage_root
+        if not marked or root is None:
+            return
+        from hf3fsctl.storage.layout import punch_pages
+
+        done: list[room.GiveBack] = []
+        refused: list[room.GiveBack] = []
+        for item in marked:
+            (done if punch_pages(root, item[2], item[3], item[4]) else refused).append(item)
+        if refused:
+            self._refuse_punching(refused[0][2])
+        try:
+            with self._write() as conn:
+                room.settle_give_back(conn, done, refused)
+        except MetadataUnavailable as exc:  # settled by the next store that opens
+            logger.warning("pages given back but not yet settled: %s", exc)
 
     @contextmanager
     def _unavailable_on_busy(self) -> Iterator[None]:
@@ -356,6 +414,11 @@ class MetadataStore:
             if "locked" in text or "busy" in text:
                 raise MetadataUnavailable(
                     f"metadata store {self.path} stayed busy for {self.busy_timeout_s:g}s"
+                ) from None
+            if "full" in text or "readonly" in text or "read-only" in text or "i/o" in text:
+                raise MetadataUnavailable(
+                    f"metadata store {self.path} cannot be written: {exc}",
+                    hint="free space on its file system, or check that it is writable",
                 ) from None
             raise
 
@@ -578,6 +641,7 @@ class MetadataStore:
             depth_of.setdefault(key, first_depth + index)
         allocated: list[tuple[str, int]] = []
         existing: list[str] = []
+        marked: list[room.GiveBack] = []
         with self._write() as conn:
             num_pages, _, used = self._rank_file(conn, namespace, rank)
             known: dict[str, tuple[int, int, float | None]] = {}
@@ -615,6 +679,7 @@ class MetadataStore:
                     target = int(self.low_watermark * num_pages) - need
                     evict_for_allocation(conn, namespace, rank, now, target)
                 bounds = self._bounds(conn)
+                marked = bounds.given_back
                 row = room.rank_file_row(conn, namespace, rank)
                 assert row is not None
                 grant = room.room_for(conn, row, need, now, bounds)
@@ -637,6 +702,7 @@ class MetadataStore:
                     (len(granted), namespace, rank),
                 )
             allocated.extend((key, page) for key, (page, _) in zip(granted, pages, strict=False))
+        self._give_back(marked)
         return allocated, existing, new_keys[len(pages) :]
 
     def commit(self, namespace: str, rank: int, items: Sequence[CommitItem]) -> int:
@@ -762,6 +828,7 @@ class MetadataStore:
         if request.namespace is not None:
             check_namespace_id(request.namespace)
         conn = self._conn()
+        marked: list[room.GiveBack] = []
         with self._unavailable_on_busy(), self._exclusive():
             conn.execute("BEGIN IMMEDIATE")
             try:
@@ -772,15 +839,15 @@ class MetadataStore:
                 if request.dry_run:
                     conn.execute("ROLLBACK")
                 else:
-                    punch = self._puncher()
-                    if punch is not None:  # the space goes back to the store
-                        room.give_back_free(conn, punch, now)
+                    if self._can_punch():  # the space goes back to the store
+                        marked = room.mark_give_back(conn, now)
                     self._flush_counters(conn)
                     conn.execute("COMMIT")
             except BaseException:
                 if conn.in_transaction:
                     conn.execute("ROLLBACK")
                 raise
+        self._give_back(marked)
         if result.keys and not request.dry_run:
             logger.info("evicted %d keys (%d pages)", result.keys, result.pages)
         return result

@@ -3,15 +3,20 @@
 `make_store` runs the real `init` command (config file, SQLite DB, preallocated page
 files); `fill` writes random pages with the POSIX engine and allocates + commits them
 through the `MetadataClient` API, exactly as the connector does; `corrupt_page`
-overwrites a committed page's bytes on disk.
+overwrites a committed page's bytes on disk. `add_namespace` registers another
+namespace in the same store; `cli` / `cli_json` run commands against a store;
+`age_namespace` ages a namespace in SQLite directly.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from typer.testing import CliRunner
 
@@ -129,3 +134,85 @@ def corrupt_page(store: Store, rank: int, key: str) -> int:
         handle.seek(entry.page * rank_file.slot_bytes + 100)
         handle.write(bytes(b ^ 0xFF for b in old))
     return entry.page
+
+
+def cli(store: Store, *args: str, env: dict[str, str] | None = None) -> Any:
+    """Run `hf3fsctl --config <store's config> ARGS` through Typer's CliRunner."""
+    return CliRunner().invoke(app, ["--config", str(store.config_file), *args], env=env)
+
+
+def cli_json(store: Store, *args: str, env: dict[str, str] | None = None) -> Any:
+    """`cli(... --json)`, asserting success; the one JSON document it printed."""
+    result = cli(store, *args, "--json", env=env)
+    assert result.exit_code == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+def add_namespace(store: Store, ns: NamespaceManifest) -> Store:
+    """Register another namespace in `store` (its manifest, preallocated page files) with
+    `hf3fsctl init`; the returned `Store` names it."""
+    manifest_file = store.root.parent / f"manifest-{ns.namespace_id}.json"
+    manifest_file.write_text(json.dumps(ns.to_dict()))
+    result = cli(
+        store,
+        "init",
+        "--storage-path",
+        str(store.root),
+        "--file-size",
+        FILE_SIZE,
+        "--preallocate",
+        "--namespace-manifest",
+        str(manifest_file),
+        "--json",
+    )
+    assert result.exit_code == 0, result.stderr
+    return dataclasses.replace(store, namespace=ns.namespace_id)
+
+
+def age_namespace(store: Store, when: float) -> None:
+    """Make the namespace last used at `when`, in SQLite directly: its `last_used`
+    (registration, lookups, loads) and its entries' last access (saves, loads)."""
+    db = sqlite3.connect(store.root / "metadata.db")
+    try:
+        with db:
+            db.execute("UPDATE namespaces SET last_used = ? WHERE id = ?", (when, store.namespace))
+            db.execute(
+                "UPDATE entries SET last_access = ?, created = MIN(created, ?) WHERE namespace = ?",
+                (when, when, store.namespace),
+            )
+    finally:
+        db.close()
+
+
+HEAVY_MODULES = ("torch", "vllm", "transformers", "fastapi", "uvicorn", "httpx", "numpy")
+_IMPORTS_PROBE = """
+import json, sys
+modules = json.loads(sys.argv[2])
+sys.argv = ["hf3fsctl", *json.loads(sys.argv[1])]
+from hf3fsctl.cli.main import main
+try:
+    main()
+except SystemExit as exc:
+    code = exc.code
+heavy = [m for m in modules if m in sys.modules]
+sys.stderr.write("HEAVY=" + json.dumps(heavy) + "\\n")
+sys.exit(code or 0)
+"""
+
+
+def heavy_imports(store: Store, *args: str) -> list[str]:
+    """Run `hf3fsctl --config <store's> ARGS` in a fresh interpreter (as the console script
+    runs); the heavy modules (`HEAVY_MODULES`) it imported. Asserts it succeeded."""
+    import subprocess
+    import sys
+
+    argv = json.dumps(["--config", str(store.config_file), *args])
+    result = subprocess.run(
+        [sys.executable, "-c", _IMPORTS_PROBE, argv, json.dumps(HEAVY_MODULES)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    line = next(x for x in result.stderr.splitlines() if x.startswith("HEAVY="))
+    return list(json.loads(line[len("HEAVY=") :]))

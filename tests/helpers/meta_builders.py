@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import os
 from typing import Any
 
 from hf3fsctl.keys import NamespaceManifest
@@ -111,3 +112,76 @@ def lookup_in_a_process_that_exits(url: str, ns: str, chain: list[str]) -> None:
     subprocess.run(
         [sys.executable, "-c", _LOOKUP_AND_EXIT, url, ns, *chain], check=True, timeout=60
     )
+
+
+# --- growing page files on a real disk (store capacity tests) ---------------------
+
+
+def register_growable(
+    client: Any,
+    root: Any,
+    *,
+    model: str = "tiny",
+    page_bytes: int = PAGE_BYTES,
+    tp_size: int = 1,
+    **changes: Any,
+) -> tuple[str, list[Any]]:
+    """Register a namespace whose rank files grow on demand, created empty under `root`.
+
+    Returns the namespace id and its open `PageFile`s (one per rank; close them).
+    """
+    from hf3fsctl.keys import namespace_id
+    from hf3fsctl.storage.layout import PageFile
+
+    data = make_manifest(model=model, page_bytes=page_bytes, tp_size=tp_size, **changes).to_dict()
+    ns = namespace_id(data)
+    client.register_namespace(ns, data)
+    files = []
+    for rank in range(tp_size):
+        file = PageFile.create_growable(root, ns, rank, page_bytes)
+        client.register_rank(
+            ns,
+            RankFile(
+                rank=rank,
+                path=file.relpath,
+                page_bytes=page_bytes,
+                slot_bytes=file.slot_bytes,
+                num_pages=file.num_pages,
+                preallocated=False,
+            ),
+        )
+        files.append(file)
+    return ns, files
+
+
+def write_pages(file: Any, pages: Any) -> None:
+    """Fill whole slots of `pages` of an open page file, as a writer does (takes disk)."""
+    data = b"\xa5" * file.slot_bytes
+    for page in pages:
+        os.pwrite(file.fd, data, page * file.slot_bytes)
+
+
+def store_written(
+    client: Any, ns: str, files: list[Any], chain: list[str], first_depth: int = 0
+) -> int:
+    """Allocate `chain` on every rank, write the granted pages, commit them.
+
+    Returns how many keys got pages on rank 0 (the rest were `no_space`).
+    """
+    granted = 0
+    for rank, file in enumerate(files):
+        result = client.allocate(ns, rank, chain, first_depth)
+        write_pages(file, [a.page for a in result.allocated])
+        client.commit(
+            ns,
+            rank,
+            [
+                CommitItem(
+                    key=a.key, page=a.page, checksum=checksum(a.key, a.page), size=file.page_bytes
+                )
+                for a in result.allocated
+            ],
+        )
+        if rank == 0:
+            granted = len(result.allocated)
+    return granted
