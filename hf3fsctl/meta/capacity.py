@@ -26,10 +26,13 @@ Pages a reader still holds under a lease are neither reused nor punched until th
 ends; they are given back by a later pass.
 
 Giving space back is two-phase, so a transaction that fails never leaves a committed key
-over a hole: inside the transaction free pages are only *marked* (`punched = 2`, counted
-in `holes`, never handed out); the store punches them after the transaction commits and
-then settles them (`punched = 1`), or unmarks them if the file system refused. Marks left
-by a crash between the two are finished when a store opens.
+over a hole: inside the transaction free pages are only *marked* (`punched = 2`: never
+handed out, still counted as held); the store punches them after the transaction commits
+and then settles them (`punched = 1`, counted in `holes` from then on), or unmarks them
+if the file system refused. Space is only counted as free once it really is, so a
+refused punch can never take the store past its capacity; the allocation that made the
+room asks again once it is settled. Marks left by a crash between the two phases are
+finished, under the writer lock, when a store opens.
 """
 
 from __future__ import annotations
@@ -114,6 +117,17 @@ def held_bytes(conn: sqlite3.Connection, namespaces: Sequence[str] | None = None
     return int(row[0] or 0)
 
 
+def giving_back_bytes(conn: sqlite3.Connection, scope: Sequence[str] | None = None) -> int:
+    """Bytes of free pages marked to give back and not yet punched (of `scope`)."""
+    rows = conn.execute(
+        "SELECT f.namespace, r.slot_bytes FROM free_pages f JOIN rank_files r"
+        " ON r.namespace = f.namespace AND r.rank = f.rank WHERE f.punched = ?",
+        (GIVING_BACK,),
+    )
+    allowed = None if scope is None else set(scope)
+    return sum(slot for ns, slot in rows if allowed is None or ns in allowed)
+
+
 def reusable_free(conn: sqlite3.Connection, namespace: str, rank: int, now: float) -> int:
     """Free pages of a rank file reusable now that still hold their disk space."""
     row = conn.execute(
@@ -141,7 +155,7 @@ def mark_give_back(
     scope: Sequence[str] | None = None,
 ) -> list[GiveBack]:
     """Mark the free, lease-free pages of growing files of `scope` (but `keep`'s) to give
-    back; they count as holes from now on and are never handed out until settled."""
+    back; they are never handed out until settled (and still count as held)."""
     files: dict[tuple[str, int], tuple[str, int, list[int]]] = {}
     allowed = None if scope is None else set(scope)
     for ns, rank, page, path, slot in conn.execute(
@@ -156,10 +170,6 @@ def mark_give_back(
         conn.executemany(
             "UPDATE free_pages SET punched = ? WHERE namespace = ? AND rank = ? AND page = ?",
             [(GIVING_BACK, ns, rank, page) for page in pages],
-        )
-        conn.execute(
-            "UPDATE rank_files SET holes = holes + ? WHERE namespace = ? AND rank = ?",
-            (len(pages), ns, rank),
         )
     return [(ns, rank, path, slot, pages) for (ns, rank), (path, slot, pages) in files.items()]
 
@@ -180,25 +190,25 @@ def marked_give_back(conn: sqlite3.Connection) -> list[GiveBack]:
 def settle_give_back(
     conn: sqlite3.Connection, done: Sequence[GiveBack], refused: Sequence[GiveBack]
 ) -> None:
-    """After the punches: `done` pages are punched; `refused` ones hold their space again."""
+    """After the punches: `done` pages are holes now; `refused` ones are plain free pages."""
     for ns, rank, _, _, pages in done:
-        conn.executemany(
-            "UPDATE free_pages SET punched = ? WHERE namespace = ? AND rank = ? AND page = ?"
-            " AND punched = ?",
-            [(PUNCHED, ns, rank, page, GIVING_BACK) for page in pages],
-        )
-    for ns, rank, _, _, pages in refused:
-        reverted = sum(
+        settled = sum(
             conn.execute(
-                "UPDATE free_pages SET punched = 0 WHERE namespace = ? AND rank = ?"
+                "UPDATE free_pages SET punched = ? WHERE namespace = ? AND rank = ?"
                 " AND page = ? AND punched = ?",
-                (ns, rank, page, GIVING_BACK),
+                (PUNCHED, ns, rank, page, GIVING_BACK),
             ).rowcount
             for page in pages
         )
         conn.execute(
-            "UPDATE rank_files SET holes = holes - ? WHERE namespace = ? AND rank = ?",
-            (reverted, ns, rank),
+            "UPDATE rank_files SET holes = holes + ? WHERE namespace = ? AND rank = ?",
+            (settled, ns, rank),
+        )
+    for ns, rank, _, _, pages in refused:
+        conn.executemany(
+            "UPDATE free_pages SET punched = 0 WHERE namespace = ? AND rank = ? AND page = ?"
+            " AND punched = ?",
+            [(ns, rank, page, GIVING_BACK) for page in pages],
         )
 
 
@@ -244,29 +254,37 @@ def _fit(
     if row.preallocated:  # its pages hold their space already
         return need
     mine = (row.namespace, row.rank)
-    held = held_bytes(conn, scope)
     backed = reusable_free(conn, *mine, now)
+    # What the store will hold once the pages being given back are punched: eviction
+    # stops there, but pages are granted only against what it holds now (a punch may
+    # still be refused); the allocation asks again once the marks are settled.
+    expected = held_bytes(conn, scope) - giving_back_bytes(conn, scope)
 
     def over(ceiling: float) -> bool:
-        return held + max(0, need - backed) * row.slot > ceiling
+        return expected + max(0, need - backed) * row.slot > ceiling
+
+    def refresh() -> None:
+        nonlocal expected, backed
+        expected = held_bytes(conn, scope) - giving_back_bytes(conn, scope)
+        backed = reusable_free(conn, *mine, now)
 
     if over(bounds.high * limit):
         reclaim_all_expired(conn, now)
         if bounds.can_punch:
             bounds.given_back.extend(mark_give_back(conn, now, keep=mine, scope=scope))
-        held, backed = held_bytes(conn, scope), reusable_free(conn, *mine, now)
+        refresh()
     if over(bounds.high * limit):
         slots = _slots(conn)
         can_punch = bounds.can_punch
 
         def freed(ns: str, rank: int, page: int) -> None:
-            nonlocal held, backed
+            nonlocal expected, backed
             if (ns, rank) == mine:
                 backed += 1
             else:
                 slot, preallocated = slots.get((ns, rank), (0, True))
                 if can_punch and not preallocated:
-                    held -= slot
+                    expected -= slot
 
         evict_lru(
             conn,
@@ -278,8 +296,8 @@ def _fit(
         )
         if bounds.can_punch:
             bounds.given_back.extend(mark_give_back(conn, now, keep=mine, scope=scope))
-        held, backed = held_bytes(conn, scope), reusable_free(conn, *mine, now)
-    return backed + max(0, (limit - held) // row.slot)
+        refresh()
+    return backed + max(0, (limit - held_bytes(conn, scope)) // row.slot)
 
 
 def room_for(

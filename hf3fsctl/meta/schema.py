@@ -239,13 +239,13 @@ INVARIANT_QUERIES: list[tuple[str, str]] = [
         "WHERE next_unused > num_pages OR next_unused < 0",
     ),
     (
-        "rank file {} rank {} counts {} holes but {} free pages are given back",
+        "rank file {} rank {} counts {} holes but {} free pages are punched",
         """SELECT r.namespace, r.rank, r.holes,
                   (SELECT COUNT(*) FROM free_pages f WHERE f.namespace = r.namespace
-                   AND f.rank = r.rank AND f.punched != 0)
+                   AND f.rank = r.rank AND f.punched = 1)
            FROM rank_files r
            WHERE r.holes != (SELECT COUNT(*) FROM free_pages f WHERE f.namespace = r.namespace
-                             AND f.rank = r.rank AND f.punched != 0)""",
+                             AND f.rank = r.rank AND f.punched = 1)""",
     ),
     (
         "pin {}/{} belongs to no registered namespace",

@@ -280,7 +280,7 @@ class MetadataStore:
             held = room.held_bytes(conn)
             marked = room.marked_give_back(conn)
         if marked and self._can_punch():
-            self._give_back(marked)  # a crash came between marking and punching
+            self._finish_marks()  # a crash came between marking and punching
         if recorded is not None:
             return recorded
         root = self.policy.storage_root
@@ -386,24 +386,40 @@ class MetadataStore:
                 where,
             )
 
-    def _give_back(self, marked: Sequence[room.GiveBack]) -> None:
-        """Punch pages marked in a committed transaction, then settle their marks."""
-        root = self.policy.storage_root
-        if not marked or root is None:
-            return
+    def _punch(
+        self, marked: Sequence[room.GiveBack]
+    ) -> tuple[list[room.GiveBack], list[room.GiveBack]]:
+        """Punch marked pages; returns (punched, refused)."""
         from hf3fsctl.storage.layout import punch_pages
 
+        root = str(self.policy.storage_root)
         done: list[room.GiveBack] = []
         refused: list[room.GiveBack] = []
         for item in marked:
             (done if punch_pages(root, item[2], item[3], item[4]) else refused).append(item)
         if refused:
             self._refuse_punching(refused[0][2])
+        return done, refused
+
+    def _give_back(self, marked: Sequence[room.GiveBack]) -> None:
+        """Punch pages marked in a committed transaction, then settle their marks."""
+        if not marked or self.policy.storage_root is None:
+            return
+        done, refused = self._punch(marked)
         try:
             with self._write() as conn:
                 room.settle_give_back(conn, done, refused)
         except MetadataUnavailable as exc:  # settled by the next store that opens
             logger.warning("pages given back but not yet settled: %s", exc)
+
+    def _finish_marks(self) -> None:
+        """Punch and settle marks a crashed process left, under the writer lock (so no
+        other process settles and reuses those pages meanwhile)."""
+        with self._write() as conn:
+            marked = room.marked_give_back(conn)
+            if marked:
+                done, refused = self._punch(marked)
+                room.settle_give_back(conn, done, refused)
 
     @contextmanager
     def _unavailable_on_busy(self) -> Iterator[None]:
@@ -641,11 +657,36 @@ class MetadataStore:
             depth_of.setdefault(key, first_depth + index)
         allocated: list[tuple[str, int]] = []
         existing: list[str] = []
+        wanted = list(depth_of)
+        for attempt in range(2):
+            marked, no_space = self._allocate_once(
+                namespace, rank, wanted, depth_of, now, allocated, existing
+            )
+            self._give_back(marked)
+            if not (marked and no_space) or attempt:
+                return allocated, existing, no_space
+            wanted, now = no_space, time.time()  # the room it made is settled now: ask again
+        raise AssertionError("unreachable")
+
+    def _allocate_once(
+        self,
+        namespace: str,
+        rank: int,
+        unique: list[str],
+        depth_of: dict[str, int],
+        now: float,
+        allocated: list[tuple[str, int]],
+        existing: list[str],
+    ) -> tuple[list[room.GiveBack], list[str]]:
+        """One allocation transaction; appends to `allocated` / `existing`.
+
+        Returns the pages it marked to give back (punch after commit) and the keys it
+        found no space for.
+        """
         marked: list[room.GiveBack] = []
         with self._write() as conn:
             num_pages, _, used = self._rank_file(conn, namespace, rank)
             known: dict[str, tuple[int, int, float | None]] = {}
-            unique = list(depth_of)
             for chunk in _chunks(unique):
                 for key, state, page, deadline in conn.execute(
                     "SELECT key, state, page, deadline FROM entries INDEXED BY entries_by_key"
@@ -702,8 +743,7 @@ class MetadataStore:
                     (len(granted), namespace, rank),
                 )
             allocated.extend((key, page) for key, (page, _) in zip(granted, pages, strict=False))
-        self._give_back(marked)
-        return allocated, existing, new_keys[len(pages) :]
+        return marked, new_keys[len(pages) :]
 
     def commit(self, namespace: str, rank: int, items: Sequence[CommitItem]) -> int:
         """Pending → committed for the exact (key, page) pairs; returns how many."""
