@@ -10,6 +10,10 @@ time to first token (vLLM's per-request `first_token_latency`, arrival to first 
 the wall time, and the connector's cumulative counters
 (`hf3fsctl_connector.stats.process_totals()`) minus those of the warm-up.
 
+`passes=2` runs the same prompts twice in the one engine: the second pass hits vLLM's
+own prefix cache (the floor a connector's load is measured against). `requests` and
+`generate_s` are then the last pass's; `pass_results` holds every pass.
+
 Every call is a fresh process, so "warm" really means another process reading the
 store. A run that fails or passes its timeout raises `EngineRunError` carrying the
 tail of the child's stderr.
@@ -56,6 +60,7 @@ class EngineRun:
     dtype: str | None = None  # None = the model's own
     env: dict[str, str] = field(default_factory=dict)  # extra environment for the child
     timeout_s: float = 300.0
+    passes: int = 1  # run the prompts this many times in the one engine (2 = floor)
 
 
 @dataclass
@@ -72,6 +77,14 @@ class RequestResult:
 
 
 @dataclass
+class PassResult:
+    """One pass over the prompts in an engine (`EngineRun.passes`)."""
+
+    requests: list[RequestResult]
+    generate_s: float  # the pass's generate() calls
+
+
+@dataclass
 class EngineResult:
     """What one engine process produced."""
 
@@ -83,6 +96,7 @@ class EngineResult:
     connector_totals: dict[str, Any] | None  # raw cumulative counters at exit
     engine_info: dict[str, Any] = field(default_factory=dict)  # dtype, block size, version
     stderr_tail: str = ""
+    pass_results: list[PassResult] = field(default_factory=list)  # every pass, in order
 
     @property
     def outputs(self) -> list[list[int]]:
@@ -184,6 +198,10 @@ def run_engine(run: EngineRun) -> EngineResult:
         connector_totals=data["connector_totals"],
         engine_info=data["engine_info"],
         stderr_tail=tail,
+        pass_results=[
+            PassResult([RequestResult(**r) for r in p["requests"]], p["generate_s"])
+            for p in data.get("passes", [])
+        ],
     )
 
 
@@ -273,14 +291,40 @@ def _child(spec: EngineRun) -> dict[str, Any]:
         llm.generate([as_input(warm)], params, use_tqdm=False)
         _wait_for_saves()  # so the warm-up's own save is not counted below
     before = _connector_totals()
-    start = time.perf_counter()
-    if spec.batch:
-        outputs = llm.generate([as_input(p) for p in spec.prompts], params, use_tqdm=False)
-    else:
-        outputs = [llm.generate([as_input(p)], params, use_tqdm=False)[0] for p in spec.prompts]
-    generate_s = time.perf_counter() - start
+    passes = []
+    for _ in range(max(1, spec.passes)):
+        start = time.perf_counter()
+        if spec.batch:
+            outputs = llm.generate([as_input(p) for p in spec.prompts], params, use_tqdm=False)
+        else:
+            outputs = [llm.generate([as_input(p)], params, use_tqdm=False)[0] for p in spec.prompts]
+        passes.append({"generate_s": time.perf_counter() - start, "requests": _requests(outputs)})
     llm.llm_engine.engine_core.shutdown()  # the connector drains its saves here
     after = _connector_totals()
+    import vllm
+
+    config = llm.llm_engine.vllm_config
+    info = {
+        "vllm_version": vllm.__version__,
+        "model": config.model_config.model,
+        "dtype": str(config.model_config.dtype).removeprefix("torch."),
+        "kv_cache_dtype": str(config.cache_config.cache_dtype),
+        "block_size": config.cache_config.block_size,
+        "max_num_batched_tokens": config.scheduler_config.max_num_batched_tokens,
+    }
+    return {
+        "engine_info": info,
+        "requests": passes[-1]["requests"],
+        "engine_start_s": engine_start,
+        "generate_s": passes[-1]["generate_s"],
+        "connector": _delta(after, before),
+        "connector_totals": after,
+        "passes": passes,
+    }
+
+
+def _requests(outputs: list[Any]) -> list[dict[str, Any]]:
+    """The per-request results of one pass (`RequestResult` fields)."""
     requests = []
     for out in outputs:
         completion = out.outputs[0]
@@ -296,25 +340,7 @@ def _child(spec: EngineRun) -> dict[str, Any]:
                 "prefill_s": _span(metrics, "scheduled_ts", "first_token_ts"),
             }
         )
-    import vllm
-
-    config = llm.llm_engine.vllm_config
-    info = {
-        "vllm_version": vllm.__version__,
-        "model": config.model_config.model,
-        "dtype": str(config.model_config.dtype).removeprefix("torch."),
-        "kv_cache_dtype": str(config.cache_config.cache_dtype),
-        "block_size": config.cache_config.block_size,
-        "max_num_batched_tokens": config.scheduler_config.max_num_batched_tokens,
-    }
-    return {
-        "engine_info": info,
-        "requests": requests,
-        "engine_start_s": engine_start,
-        "generate_s": generate_s,
-        "connector": _delta(after, before),
-        "connector_totals": after,
-    }
+    return requests
 
 
 def _main(argv: list[str]) -> None:

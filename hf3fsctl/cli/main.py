@@ -18,7 +18,7 @@ import typer
 from typer.core import TyperCommand, TyperGroup, TyperOption
 
 from hf3fsctl import __version__
-from hf3fsctl.cli import doctor, evict, init, ls, pin, serve, stats, vllm_config
+from hf3fsctl.cli import bench, doctor, evict, init, ls, pin, serve, stats, vllm_config
 from hf3fsctl.cli.errors import EXIT_CODES_HELP, EXIT_INTERRUPTED, debug_enabled, handle_errors
 from hf3fsctl.cli.errors import report as report_error
 from hf3fsctl.cli.options import ConfigOpt
@@ -106,6 +106,7 @@ _command("pin", pin.pin)
 _command("unpin", pin.unpin)
 _command("doctor", doctor.doctor)
 _command("vllm-config", vllm_config.vllm_config)
+app.add_typer(bench.register(Hf3fsctlCommand), name="bench", cls=Hf3fsctlGroup)
 # Commands that need vLLM register here, each from its own module, the same way:
 #   _command("warm", warm.warm)    # hf3fsctl/cli/warm.py
 #   _command("bench", bench.bench)  # hf3fsctl/cli/bench.py

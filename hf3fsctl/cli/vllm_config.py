@@ -14,41 +14,13 @@ process that lacks this shell's `HF3FSCTL_*` environment still finds the same st
 from __future__ import annotations
 
 import json
-from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import Annotated
 
 import typer
 
 from hf3fsctl.cli import context
 from hf3fsctl.cli.options import ConfigOpt
-
-if TYPE_CHECKING:
-    from hf3fsctl.config import Config
-
-CONNECTOR_CLASS = "Hf3fsctlConnector"
-CONNECTOR_MODULE = "hf3fsctl_connector.connector"
-
-
-def kv_transfer_config(config: Config) -> dict[str, Any]:
-    """The `KVTransferConfig` fields that load the hf3fsctl connector for `config`.
-
-    Paths are made absolute: vLLM may run in another working directory.
-    """
-    storage_path = Path(config.storage.path).resolve()
-    extra: dict[str, Any] = {}
-    if config.source:
-        extra["config_file"] = str(Path(config.source).resolve())
-    extra["storage.path"] = str(storage_path)
-    extra["metadata.url"] = config.metadata.url or f"sqlite:///{storage_path / 'metadata.db'}"
-    if config.metadata.token_file:
-        extra["metadata.token_file"] = str(Path(config.metadata.token_file).resolve())
-    return {
-        "kv_connector": CONNECTOR_CLASS,
-        "kv_role": "kv_both",
-        "kv_connector_module_path": CONNECTOR_MODULE,
-        "kv_load_failure_policy": "recompute",
-        "kv_connector_extra_config": extra,
-    }
+from hf3fsctl.connector_config import kv_transfer_config
 
 
 def vllm_config(

@@ -277,8 +277,20 @@ def _fit(
         slots = _slots(conn)
         can_punch = bounds.can_punch
 
+        swing = (bounds.high - bounds.low) * limit
+        evicted = 0
+
+        def done() -> bool:
+            # Down to the low watermark; but where only the allocating namespace's own
+            # pages can be reused (no punching) the low watermark may be out of reach:
+            # then one watermark swing's worth, once the allocation fits.
+            if not over(bounds.low * limit):
+                return True
+            return not can_punch and evicted >= swing and not over(limit)
+
         def freed(ns: str, rank: int, page: int) -> None:
-            nonlocal expected, backed
+            nonlocal expected, backed, evicted
+            evicted += slots.get((ns, rank), (0, True))[0]
             if (ns, rank) == mine:
                 backed += 1
             else:
@@ -290,7 +302,7 @@ def _fit(
             conn,
             now,
             scope=_evictable_scope(slots, row.namespace, scope, can_punch),
-            satisfied=lambda: not over(bounds.low * limit),
+            satisfied=done,
             on_free=freed,
             batch=max(256, need),
         )

@@ -277,12 +277,14 @@ class PosixEngine:
         tasks = self._plan(file, ops)
         if not tasks:
             return
-        # With threads to spare, a write's checksum is computed by another thread while
-        # the bytes are written (both only read the caller's buffer), hiding its cost.
-        split = not reading and checksums and self._pool is not None
+        # With threads to spare, a big write task's checksum is computed by another
+        # thread while its bytes are written (both only read the caller's buffer),
+        # hiding its cost; a small one is cheaper to checksum than to hand over.
+        can_split = not reading and checksums and self._pool is not None
         digests: dict[int, str] = {}
         jobs: list[Callable[[], list[tuple[_Op, PageResult]]]] = []
         for task in tasks:
+            split = can_split and sum(op.nbytes for op in task) >= MIN_TASK_BYTES
             jobs.append(functools.partial(self._task, file, task, reading, checksums and not split))
             if split:
                 jobs.append(functools.partial(_checksum_task, task, digests))
@@ -294,7 +296,7 @@ class PosixEngine:
             outcomes.extend(future.result() for future in futures)
         for outcome in outcomes:
             for op, result in outcome:
-                if split and result.ok:
+                if result.ok and op.index in digests:
                     result = dataclasses.replace(result, checksum=digests[op.index])
                 results[op.index] = result
 
