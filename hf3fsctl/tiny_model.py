@@ -52,6 +52,12 @@ def _training_files(limit: int = 60) -> list[str]:
     return files[:limit]
 
 
+CHAT_TEMPLATE = (
+    "{% for message in messages %}<s>{{ message['role'] }}: {{ message['content'] }}\n"
+    "{% endfor %}{% if add_generation_prompt %}<s>assistant: {% endif %}"
+)
+
+
 def build_tokenizer(out_dir: Path, vocab_size: int) -> None:
     """Train a byte-level BPE tokenizer on stdlib sources and save it for transformers."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -76,6 +82,9 @@ def build_tokenizer(out_dir: Path, vocab_size: int) -> None:
                 "pad_token": "<pad>",
                 "model_max_length": 1 << 20,
                 "add_bos_token": False,
+                # A minimal chat template, so chat prompts (`warm`/`lookup` JSONL
+                # messages, vLLM's chat API) render the way a real model's would.
+                "chat_template": CHAT_TEMPLATE,
             },
             indent=2,
         )

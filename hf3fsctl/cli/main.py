@@ -18,7 +18,19 @@ import typer
 from typer.core import TyperCommand, TyperGroup, TyperOption
 
 from hf3fsctl import __version__
-from hf3fsctl.cli import bench, doctor, evict, init, ls, pin, serve, stats, vllm_config
+from hf3fsctl.cli import (
+    bench,
+    doctor,
+    evict,
+    init,
+    lookup,
+    ls,
+    pin,
+    serve,
+    stats,
+    vllm_config,
+    warm,
+)
 from hf3fsctl.cli.errors import EXIT_CODES_HELP, EXIT_INTERRUPTED, debug_enabled, handle_errors
 from hf3fsctl.cli.errors import report as report_error
 from hf3fsctl.cli.options import ConfigOpt
@@ -104,6 +116,8 @@ _command("ls", ls.ls)
 _command("evict", evict.evict)
 _command("pin", pin.pin)
 _command("unpin", pin.unpin)
+_command("warm", warm.warm)
+_command("lookup", lookup.lookup)
 _command("doctor", doctor.doctor)
 _command("vllm-config", vllm_config.vllm_config)
 app.add_typer(bench.register(Hf3fsctlCommand), name="bench", cls=Hf3fsctlGroup)

@@ -61,3 +61,36 @@ def parse_duration(value: str) -> float:
     if match is None:
         raise typer.BadParameter(f"{value!r} is not a duration; use e.g. 90s, 30m, 2h, 7d")
     return float(match.group(1)) * _DURATION_UNITS[match.group(2)]
+
+
+# --- the engine a `lookup` or `warm` is about (vLLM's own flag names) ------------------
+
+ModelOpt = Annotated[
+    str,
+    typer.Option("--model", "-m", help="The model as vLLM is given it (directory or hub id)."),
+]
+DtypeOpt = Annotated[
+    str,
+    typer.Option("--dtype", help="vLLM --dtype (auto, float16, bfloat16, float32)."),
+]
+BlockSizeOpt = Annotated[
+    int | None,
+    typer.Option("--block-size", min=1, help="vLLM --block-size (default: vLLM's)."),
+]
+TensorParallelOpt = Annotated[
+    int,
+    typer.Option("--tensor-parallel-size", "-tp", min=1, help="vLLM --tensor-parallel-size."),
+]
+PromptsOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--prompts",
+        metavar="FILE|DIR|-",
+        help="Text file (a prompt per line), .jsonl ({'prompt'} or {'messages'}), a "
+        "directory of .txt/.md documents, or - for stdin.",
+    ),
+]
+FormatOpt = Annotated[
+    str,
+    typer.Option("--format", help="How to read --prompts: auto, text or jsonl."),
+]

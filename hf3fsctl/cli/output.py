@@ -141,3 +141,24 @@ def format_age(seconds: float | None) -> str:
 def format_ratio(part: float, whole: float) -> str:
     """`part / whole` as a percentage for people; `-` when `whole` is 0."""
     return f"{100.0 * part / whole:.1f}%" if whole else "-"
+
+
+@contextmanager
+def stdout_to_stderr(enabled: bool = True) -> Iterator[None]:
+    """Send whatever a library prints to stdout (file descriptor 1) to stderr meanwhile.
+
+    For `--json` commands that run chatty libraries (vLLM logs and prints to stdout):
+    stdout must carry exactly one JSON document.
+    """
+    if not enabled:
+        yield
+        return
+    sys.stdout.flush()
+    saved = os.dup(1)
+    try:
+        os.dup2(2, 1)
+        yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)

@@ -1,0 +1,244 @@
+"""`hf3fsctl warm`: prefill a prompt set into the cache before traffic arrives.
+
+Plans without an engine (`hf3fsctl.offline.warm.plan_warm`): prompts already fully
+cached are skipped, prompts longer than `--max-model-len` and malformed lines are
+reported and skipped; `--dry-run` stops there and shows the plan (prompts, tokens, new
+blocks, bytes, what is cached, whether it fits the store's free capacity). When nothing
+is left, no engine starts. Otherwise vLLM runs offline with the connector of this
+configuration (`hf3fsctl vllm-config`), so the pages land in the namespace a `vllm
+serve` with the same options will hit; a progress bar shows prompts, tokens/s, bytes
+written and the time left, and a summary (table, or one JSON document with `--json`)
+what was done. Ctrl-C stops it: what was committed stays valid, a re-run does the rest
+(exit 130).
+"""
+
+from __future__ import annotations
+
+import json as jsonlib
+import sys
+import time
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+from hf3fsctl.cli import context, output
+from hf3fsctl.cli.errors import EXIT_INTERRUPTED
+from hf3fsctl.cli.options import (
+    BlockSizeOpt,
+    ConfigOpt,
+    DryRunOpt,
+    DtypeOpt,
+    FormatOpt,
+    JsonOpt,
+    ModelOpt,
+    NamespaceOpt,
+    PromptsOpt,
+    TensorParallelOpt,
+)
+from hf3fsctl.cli.prompt_set import read_prompt_set, show_candidates
+from hf3fsctl.errors import InvalidRequest
+
+if TYPE_CHECKING:
+    from hf3fsctl.offline.warm import WarmPlan, WarmProgress
+
+
+def parse_engine_args(pairs: list[str] | None) -> dict[str, Any]:
+    """`KEY=VALUE` pairs → engine kwargs (values parsed as JSON when they are JSON)."""
+    out: dict[str, Any] = {}
+    for pair in pairs or []:
+        key, sep, value = pair.partition("=")
+        key = key.strip().replace("-", "_")
+        if not sep or not key:
+            raise InvalidRequest(f"--engine-arg {pair!r} is not KEY=VALUE")
+        try:
+            out[key] = jsonlib.loads(value)
+        except ValueError:
+            out[key] = value
+    return out
+
+
+def _plan_rows(summary: dict[str, Any]) -> dict[str, Any]:
+    from hf3fsctl.config import format_size
+
+    fits = {True: "yes", False: "NO", None: "unbounded store"}[summary["fits"]]
+    return {
+        "namespace": summary["namespace"] or "not registered yet (the engine will create it)",
+        "prompts": summary["prompts"],
+        "to warm": f"{summary['to_warm']} prompts, {summary['to_warm_tokens']} tokens",
+        "already cached": f"{summary['already_cached']} prompts "
+        f"({summary['cached_blocks']} blocks)",
+        "shorter than a block": summary["shorter_than_a_block"],
+        "too long": len(summary["too_long"]),
+        "malformed": len(summary["malformed"]),
+        "new blocks": summary["new_blocks"],
+        "bytes to write": format_size(summary["new_bytes"])
+        + (" (estimated)" if summary["block_bytes_estimated"] else ""),
+        "store free": "-"
+        if summary["store_free_bytes"] is None
+        else format_size(summary["store_free_bytes"]),
+        "fits": fits,
+    }
+
+
+def warm(
+    ctx: typer.Context,
+    model: ModelOpt,
+    prompts: PromptsOpt = None,
+    prompt: Annotated[
+        list[str] | None, typer.Option("--prompt", "-p", help="A prompt (repeatable).")
+    ] = None,
+    format: FormatOpt = "auto",
+    dtype: DtypeOpt = "auto",
+    block_size: BlockSizeOpt = None,
+    max_model_len: Annotated[
+        int | None, typer.Option("--max-model-len", min=1, help="vLLM --max-model-len.")
+    ] = None,
+    tensor_parallel_size: TensorParallelOpt = 1,
+    kv_cache_memory: Annotated[
+        str | None,
+        typer.Option(
+            "--kv-cache-memory", metavar="SIZE", help="vLLM kv_cache_memory_bytes (e.g. 4GiB)."
+        ),
+    ] = None,
+    gpu_memory_utilization: Annotated[
+        float | None,
+        typer.Option("--gpu-memory-utilization", min=0.01, max=1.0, help="vLLM's, on GPUs."),
+    ] = None,
+    engine_arg: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--engine-arg", metavar="KEY=VALUE", help="Any other vllm.LLM argument (repeatable)."
+        ),
+    ] = None,
+    namespace: NamespaceOpt = None,
+    dry_run: DryRunOpt = False,
+    config: ConfigOpt = None,
+    json: JsonOpt = False,
+) -> None:
+    """Prefill prompts into the cache (vLLM offline, one output token), skipping what is cached."""
+    from hf3fsctl.config import parse_size
+    from hf3fsctl.offline.namespaces import AmbiguousNamespace
+    from hf3fsctl.offline.warm import EngineOptions, plan_warm
+    from hf3fsctl.prompt_keys import load_tokenizer
+
+    cfg = context.load(ctx, config)
+    options = EngineOptions(
+        model=model,
+        dtype=dtype,
+        block_size=block_size,
+        max_model_len=max_model_len,
+        tensor_parallel_size=tensor_parallel_size,
+        kv_cache_memory_bytes=parse_size(kv_cache_memory, "--kv-cache-memory")
+        if kv_cache_memory
+        else None,
+        gpu_memory_utilization=gpu_memory_utilization,
+        engine_args=parse_engine_args(engine_arg),
+    )
+    items, problems = read_prompt_set(prompts, prompt, format)
+    with context.open_client(cfg) as client:
+        tokenizer = load_tokenizer(model)
+        try:
+            plan = plan_warm(client, tokenizer, items, problems, options, namespace=namespace)
+        except AmbiguousNamespace as exc:
+            show_candidates(exc)
+            raise
+        for item in plan.by_status("too_long"):
+            output.warning(
+                f"{item.origin}: {item.tokens} tokens, longer than max_model_len "
+                f"{plan.max_model_len} (skipped)"
+            )
+        document: dict[str, Any] = {"plan": plan.summary(), "dry_run": dry_run}
+        if dry_run or not plan.by_status("todo"):
+            if not dry_run:
+                document["result"] = None
+                document["message"] = "nothing to do: every prompt is cached; no engine started"
+            _finish(document, plan, json)
+            return
+        if plan.fits is False and not json:
+            output.warning(
+                "the new blocks are more than the store's free capacity: older entries "
+                "will be evicted (least recently used first) to make room"
+            )
+        _run(cfg, client, plan, options, document, json)
+
+
+def _run(
+    cfg: Any, client: Any, plan: WarmPlan, options: Any, document: dict[str, Any], json: bool
+) -> None:
+    from hf3fsctl.connector_config import kv_transfer_config
+    from hf3fsctl.offline.warm import WarmInterrupted, run_warm
+
+    todo = plan.by_status("todo")
+    total_tokens = sum(item.tokens for item in todo)
+    with output.progress(not json) as bar:
+        task = bar.add_task("starting vLLM", total=len(todo))
+        prefill_started = [time.monotonic()]
+
+        def engine_up(count: int) -> None:
+            prefill_started[0] = time.monotonic()
+            bar.reset(task, description="prefilling", total=count)
+
+        def advance(progress: WarmProgress) -> None:
+            elapsed = time.monotonic() - prefill_started[0]
+            rate = progress.tokens / elapsed if elapsed > 0 else 0.0
+            bar.update(
+                task,
+                completed=progress.prompts,
+                description=f"prefilling {rate:,.0f} tok/s, "
+                f"{progress.bytes_saved / 1e9:.2f} GB written, "
+                f"{progress.tokens}/{total_tokens} tokens",
+            )
+
+        try:
+            with output.stdout_to_stderr(json):  # `--json`: one document, nothing else
+                result = run_warm(
+                    client,
+                    plan,
+                    options,
+                    kv_transfer_config(cfg),
+                    on_progress=advance,
+                    on_engine=engine_up,
+                )
+        except WarmInterrupted as stop:
+            document["result"] = stop.result.to_dict()
+            document["interrupted"] = True
+            _finish(document, plan, json)
+            output.warning(
+                "interrupted: what was saved is committed and valid; run warm again for the rest"
+            )
+            sys.exit(EXIT_INTERRUPTED)
+    document["result"] = result.to_dict()
+    _finish(document, plan, json)
+
+
+def _finish(document: dict[str, Any], plan: WarmPlan, json: bool) -> None:
+    from hf3fsctl.config import format_size
+
+    if json:
+        output.print_json(document)
+        return
+    output.show(output.key_values(_plan_rows(document["plan"]), title="warm plan"))
+    result = document.get("result")
+    if result is None:
+        if document.get("message"):
+            output.line(document["message"], style="bold")
+        return
+    failures = ", ".join(f"{k} {v}" for k, v in result["save_failures"].items()) or "none"
+    output.show(
+        output.key_values(
+            {
+                "namespace": result["namespace"],
+                "prompts prefilled": result["prompts"],
+                "tokens": result["tokens"],
+                "found cached once the engine was up": result["skipped_after_start"],
+                "blocks written": result["blocks_saved"],
+                "bytes written": format_size(result["bytes_saved"]),
+                "write GB/s": f"{result['gb_per_s']:.2f}",
+                "prefill tokens/s": f"{result['tokens_per_s']:,.0f}",
+                "save failures": failures,
+                "engine start": f"{result['engine_start_s']:.1f} s",
+                "wall time": f"{result['wall_s']:.1f} s",
+            },
+            title="warm result",
+        )
+    )
