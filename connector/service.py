@@ -1,6 +1,6 @@
 """The metadata service as the connector sees it: opened lazily, marked down on failure.
 
-Contract (DESIGN decision 7):
+Contract (docs/design.md decision 7):
     * `MetadataGuard.call(fn)` runs one metadata call through the client (whose own
       timeout bounds it). A `MetadataUnavailable` marks the service down for
       `metadata.retry_backoff_s`; while it is down `call` raises `ServiceDown` at once,

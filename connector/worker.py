@@ -6,7 +6,7 @@ Contract:
       file (growing on demand, or as registered), writes the namespace manifest beside it
       and registers namespace and rank with the metadata service (retried later if the
       service is down at start-up).
-    * The cache never stops inference (DESIGN decision 14): only configuration errors (an
+    * The cache never stops inference (docs/design.md decision 14): only configuration errors (an
       unknown KV layout) raise from `register_kv_caches`. A storage failure at start-up
       (missing or read-only mount, no space, permissions, an unopenable metadata DB)
       logs one error with the fix and leaves the connector disabled — loads fail fast

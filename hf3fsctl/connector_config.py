@@ -3,7 +3,7 @@
 `kv_transfer_config(config)` is the value of vLLM's `--kv-transfer-config` (printed by
 `hf3fsctl vllm-config`, used by `hf3fsctl warm`): the connector by module path,
 `kv_load_failure_policy: recompute` (vLLM's default `fail` ends a request whose load
-failed; DESIGN decision 3), and `kv_connector_extra_config` naming the config file and
+failed; docs/design.md decision 3), and `kv_connector_extra_config` naming the config file and
 the resolved storage path and metadata URL, so a vLLM process without this shell's
 `HF3FSCTL_*` environment finds the same store. No vLLM import.
 """

@@ -1,6 +1,6 @@
 """Connector health: is the cache serving, degraded, or disabled — and why.
 
-The cache never stops inference (DESIGN decision 14): a store problem turns the
+The cache never stops inference (docs/design.md decision 14): a store problem turns the
 connector into one that serves misses instead of raising into vLLM. This module is how
 that state becomes visible:
 

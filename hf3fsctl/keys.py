@@ -3,11 +3,11 @@
 A *namespace* is everything that must match for a stored KV page to be valid in another
 process: model and revision, KV dtype, block size, layout, geometry, parallelism, the
 block-hash algorithm and its seed, the page format. Its id is a hash of the manifest, so
-two models, dtypes or layouts never share a key (DESIGN decision 1).
+two models, dtypes or layouts never share a key (docs/design.md decision 1).
 
 A *block key* is vLLM's own block hash (`request.block_hashes[i]`) in hex. The chain is
 `h_i = H((h_{i-1}, tuple(block_token_ids), extra_keys))` with `h_{-1} = NONE_HASH`
-(DESIGN decision 2); `block_hashes` recomputes it offline, without an engine, for the
+(docs/design.md decision 2); `block_hashes` recomputes it offline, without an engine, for the
 default `sha256` (and `sha256_cbor`) algorithms.
 """
 

@@ -5,7 +5,7 @@ The service always keeps its data in SQLite: the file of `metadata.url` when tha
 points at this very server is the normal client-side config, so it can be shared).
 Flags default to the config's `server.*` keys.
 
-Secure by default (DESIGN decision 11): it binds loopback unless told otherwise, and it
+Secure by default (docs/design.md decision 11): it binds loopback unless told otherwise, and it
 refuses a non-loopback address without a token file unless `--insecure` is given.
 """
 

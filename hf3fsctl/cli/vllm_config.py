@@ -6,7 +6,7 @@ Prints exactly one JSON object on stdout, e.g.::
     LLM(model=..., kv_transfer_config=json.loads(...))
 
 `kv_load_failure_policy` is `recompute` (vLLM's default `fail` ends a request whose
-load failed; DESIGN decision 3). `kv_connector_extra_config` names the config file in
+load failed; docs/design.md decision 3). `kv_connector_extra_config` names the config file in
 use (absolute) and carries the resolved storage path and metadata URL, so a vLLM
 process that lacks this shell's `HF3FSCTL_*` environment still finds the same store.
 """

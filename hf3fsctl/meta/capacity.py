@@ -1,7 +1,7 @@
 """One capacity for the whole store: accounting, room for an allocation, giving space back.
 
 Every function runs inside a store write transaction (`BEGIN IMMEDIATE`) and never
-commits. The rules (DESIGN decision 5b, `docs/design.md#store-capacity`):
+commits. The rules (docs/design.md decision 5b, `docs/design.md#store-capacity`):
 
 - **Held bytes.** A growing page file holds `(next_unused - holes) * slot_bytes` of disk
   (every page ever handed out, minus free pages whose space was punched back); a

@@ -1,6 +1,6 @@
 """Eviction and reclamation inside a store write transaction (`MetadataStore` calls these).
 
-Rules (DESIGN decision 5):
+Rules (docs/design.md decision 5):
 
 - A key is evicted on every rank at once: a key missing on one rank is useless.
 - Pending entries are never evicted (a writer holds them); an expired pending entry

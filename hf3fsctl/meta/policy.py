@@ -1,6 +1,6 @@
 """`StorePolicy`: what bounds a store — capacity, pins, quotas — and where its files are.
 
-The store holds one capacity for every namespace and rank (DESIGN decision 5b,
+The store holds one capacity for every namespace and rank (docs/design.md decision 5b,
 `docs/design.md#store-capacity`). It is *recorded in the store* (`store_info`), so every
 connector and server of a fleet enforces the same figure; `storage.capacity` in the
 configuration is only what a new store starts with (`hf3fsctl init` records it, or the

@@ -1,6 +1,6 @@
 """`MetadataStore`: the durable, bounded metadata of the KV-page tier, in SQLite.
 
-Contract (DESIGN decisions 4–5; the `MetadataClient` protocol in `meta/client.py`):
+Contract (decisions 4–5 in docs/design.md; the `MetadataClient` protocol in `meta/client.py`):
 
 - Every operation is one SQLite transaction. Writes take `BEGIN IMMEDIATE` (one writer
   at a time, across threads *and* processes: the scheduler and workers of a node share

@@ -11,7 +11,7 @@ Contract:
     * `open_engine("auto")` picks USRBIO only when the root is on a 3FS mount and the
       USRBIO binding imports; otherwise POSIX. The choice and the reason are logged.
       `open_engine("usrbio")` where USRBIO cannot work raises `StorageError`: there is no
-      silent fallback to a slower path (DESIGN decision 10).
+      silent fallback to a slower path (docs/design.md decision 10).
 """
 
 from __future__ import annotations
