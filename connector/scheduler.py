@@ -74,6 +74,8 @@ class SchedulerSide:
             role="scheduler", rank=0, namespace=self.namespace, storage_path=config.storage.path
         )
         self._storage_checked_at = -1e9  # monotonic time of the last storage check
+        # What is left of this scheduler step's `lookup_wait_ms` (reset per step).
+        self._step_wait_left = config.connector.lookup_wait_ms / 1000.0
         self._storage_ok = True
 
     def storage_available(self) -> bool:
@@ -132,12 +134,14 @@ class SchedulerSide:
             state.lookup_started = time.monotonic()
             state.lookup = self._pool.submit(self._timed_lookup, keys)
             self.stats.add(lookup_blocks=len(keys))
-            # A fast store answers within this step; a slow or dead one costs the step
-            # at most `lookup_wait_ms` and is asked again on a later step.
-            wait_s = self.config.connector.lookup_wait_ms / 1000.0
-            if wait_s <= 0:
+            # A fast store answers within this step; a slow or dead one costs the whole
+            # step (all its requests together) at most `lookup_wait_ms`, and is asked
+            # again on a later step.
+            if self._step_wait_left <= 0:
                 return False
-            wait([state.lookup], timeout=wait_s)
+            waited = time.monotonic()
+            wait([state.lookup], timeout=self._step_wait_left)
+            self._step_wait_left -= time.monotonic() - waited
         future: Future[int] = state.lookup
         if not future.done():
             if time.monotonic() - state.lookup_started < self.config.metadata.timeout_s:
@@ -259,6 +263,7 @@ class SchedulerSide:
                 state.lookup, state.hit_blocks = None, None
         meta = Hf3fsctlConnectorMetadata(loads=self._pending_loads, saves=self._plan_saves(output))
         self._pending_loads = []
+        self._step_wait_left = self.config.connector.lookup_wait_ms / 1000.0  # a new step
         for req_id in output.finished_req_ids:
             self._requests.pop(req_id, None)
         return meta

@@ -259,7 +259,8 @@ class ConnectorConfig:
     lookup_wait_ms: float = field(
         default=5.0,
         metadata=_spec(
-            "wait this long for a store lookup inside the scheduler step (0 = never)",
+            "the scheduler step waits at most this long in all for store lookups "
+            "(0 = never); requests not answered by then are asked again next step",
             min=0,
             max=1000,
         ),

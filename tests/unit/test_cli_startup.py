@@ -1,12 +1,13 @@
-"""The CLI starts fast: `--help`, `stats` and `evict` import no torch, vLLM, FastAPI,
-uvicorn or httpx (measured in a fresh interpreter, as the console script runs)."""
+"""The CLI starts fast: `--help`, `stats`, `evict`, `ls` and the help of every command
+import no torch, vLLM, FastAPI, uvicorn or httpx (checked in a fresh interpreter, as the
+console script runs). What is imported is what is meant; a wall-clock bound would only
+measure how loaded the machine is."""
 
 from __future__ import annotations
 
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -48,19 +49,19 @@ def store_config(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.mark.parametrize(
     "args",
-    [["--help"], ["stats"], ["stats", "--json"], ["evict", "--all", "--dry-run"], ["ls"]],
-    ids=["help", "stats", "stats-json", "evict", "ls"],
+    [
+        ["--help"],
+        ["stats"],
+        ["stats", "--json"],
+        ["evict", "--all", "--dry-run"],
+        ["ls"],
+        ["warm", "--help"],
+        ["lookup", "--help"],
+        ["bench", "--help"],
+        ["pin", "--help"],
+    ],
+    ids=["help", "stats", "stats-json", "evict", "ls", "warm", "lookup", "bench", "pin"],
 )
 def test_command_imports_no_heavy_module(args: list[str], store_config: Path) -> None:
-    full = args if args == ["--help"] else ["--config", str(store_config), *args]
+    full = args if "--help" in args else ["--config", str(store_config), *args]
     assert _heavy_imports(full, store_config.parent) == []
-
-
-def test_help_starts_in_well_under_a_second(tmp_path: Path) -> None:
-    started = time.perf_counter()
-    result = subprocess.run(
-        [sys.executable, "-m", "hf3fsctl", "--help"], capture_output=True, cwd=tmp_path, timeout=60
-    )
-    elapsed = time.perf_counter() - started
-    assert result.returncode == 0
-    assert elapsed < 0.8, f"hf3fsctl --help took {elapsed:.2f}s"

@@ -135,4 +135,4 @@ def test_http_client_dead_server_is_unavailable_within_timeout() -> None:
     started = time.monotonic()
     with pytest.raises(MetadataUnavailable):
         client.lookup("0123456789abcdef", keys(1))
-    assert time.monotonic() - started < 1.0
+    assert time.monotonic() - started < 3.0  # bounded by the 0.5 s timeout, with margin

@@ -42,7 +42,7 @@ def test_lock_held_past_the_timeout_is_unavailable(tmp_path: Path) -> None:
         started = time.monotonic()
         with pytest.raises(MetadataUnavailable):
             store.allocate(ns, 0, keys(1))
-        assert time.monotonic() - started < 1.0
+        assert time.monotonic() - started < 3.0  # gave up near 0.2 s, not at the holder's 5 s
     finally:
         holder.kill()
         holder.wait()
@@ -56,4 +56,6 @@ def test_waiting_writer_proceeds_promptly_after_release(tmp_path: Path) -> None:
     assert len(store.allocate(ns, 0, keys(1)).allocated) == 1
     waited = time.monotonic() - started
     holder.wait()
-    assert 0.2 < waited < 0.3 + 0.4
+    # It waited for the holder, and was woken by the release — not by its 5 s timeout
+    # (a wide margin: a loaded 2-core machine delays wake-ups, never by seconds).
+    assert 0.2 < waited < 3.0
