@@ -4,8 +4,9 @@
 2. `hf3fsctl init` a store (the real CLI) and `hf3fsctl vllm-config` for vLLM.
 3. Run prompts that share a long prefix through real vLLM with the connector (embedded
    SQLite metadata): the cold run prefills and saves.
-4. Run them again in a fresh process: the warm run loads instead of prefilling.
-5. Show hit tokens, TTFT cold vs warm, that the outputs are identical, then the admin
+4. `hf3fsctl lookup` (no engine) says how much of each prompt is now cached.
+5. Run them again in a fresh process: the warm run loads instead of prefilling.
+6. Show hit tokens, TTFT cold vs warm, that the outputs are identical, then the admin
    flow: `hf3fsctl stats`, `hf3fsctl ls`, `hf3fsctl evict --all --dry-run`.
 
 Exits 1 when the outputs differ or the warm run got no hits. Everything lives in a new
@@ -141,20 +142,28 @@ def main() -> int:
     console.print(f"Model: {model.relative_to(ROOT)} (tiny random Llama)")
 
     console.print(Rule("Create the store"))
-    hf3fsctl(
-        "init",
-        "--storage-path",
-        str(work / "storage"),
-        "--file-size",
-        "256MiB",
-        "--write-config",
-        str(config),
-    )
+    hf3fsctl("init", "--storage-path", str(work / "storage"), "--write-config", str(config))
     kv = json.loads(hf3fsctl("vllm-config", "--config", str(config), capture=True))
     console.print_json(data=kv)
 
     console.print(Rule("Serve the same prompts twice, each time in a fresh vLLM process"))
     cold = run(runner, model, kv, "cold run")
+    prompt_file = work / "prompts.jsonl"
+    prompt_file.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in prompts()))
+    console.print("What the next run will load, asked without an engine:")
+    hf3fsctl(
+        "lookup",
+        "--config",
+        str(config),
+        "--model",
+        str(model),
+        "--dtype",
+        "float32",
+        "--block-size",
+        "32",
+        "--prompts",
+        str(prompt_file),
+    )
     warm = run(runner, model, kv, "warm run")
     identical, warm_hits = show_runs(cold, warm)
 
