@@ -1,4 +1,7 @@
-"""Worker side of the connector: page files, staging, and the load/save jobs.
+"""Worker side of the connector: page files, staging, threads, and vLLM's answers.
+
+Saves and loads themselves are `hf3fsctl.tier` (`WorkerSide.tier`); `connector.jobs`
+turns vLLM's jobs into tier calls and outcomes into counters and failed block ids.
 
 Contract:
     * `register_kv_caches` derives the page geometry from `kv_cache_tensors`, checks it
@@ -16,19 +19,23 @@ Contract:
       for `doctor` and Prometheus.
     * Saves: `wait_for_save` gathers each save job's blocks into staging *synchronously*
       (on CUDA: on a side stream after an event, with the compute stream waiting for it),
-      so the bytes are copied while the request still owns its blocks. Allocation, the
-      writes, commit (with checksums) and — on any failure — release of what was
-      allocated run on background threads (`connector.jobs`).
+      so the bytes are copied while the request still owns its blocks. `Tier.save`
+      (allocation, the writes, commit with checksums and — on any failure — release of
+      what was allocated) runs on background threads; its storage failure pauses saves
+      (`storage_failed`), a clean save ends the degraded state (`storage_worked`).
     * Loads: `start_load_kv` hands each asynchronous load job to a background thread:
-      locate (lease) → read into staging with checksum verification → scatter into the
-      KV cache → reported by `get_finished`. Every block that did not arrive intact is
+      `Tier.load` into staging rows (locate with a lease → read with checksum
+      verification → scatter into the KV cache, unless its timeout cancelled it) →
+      reported by `get_finished`. Every block that did not arrive intact is
       returned by `get_block_ids_with_load_errors` in the same step its request is
       reported. A synchronous job (`LoadJob.sync`) runs in `start_load_kv` itself, which
       vLLM calls before that step's forward; on a host KV cache its pages are read
-      straight into the blocks (no staging, no scatter). Its failed blocks are returned
-      by `get_block_ids_with_load_errors` in the same step, and vLLM recomputes them.
-    * Pages a load found corrupt are dropped from the store (`report_corrupt`), off the
-      engine step; `drain` (and so `wait_for_saves`) also waits for those calls.
+      straight into the blocks (`PagePieces`: no staging, no scatter). Its failed
+      blocks are returned by `get_block_ids_with_load_errors` in the same step, and
+      vLLM recomputes them.
+    * Pages a load found corrupt are dropped from the store (`Tier.invalidate`): inline
+      on an asynchronous load's thread; for a synchronous load on a load thread, off
+      the engine step; `drain` (and so `wait_for_saves`) also waits for those calls.
     * After registration a background thread faults in `staging_prewarm_bytes` of
       staging (one step's worth of pages), so the first save's in-step gather does not
       pay for fresh memory.
@@ -44,6 +51,7 @@ import logging
 import threading
 import time
 import weakref
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -55,13 +63,22 @@ from hf3fsctl.errors import ConfigError, Hf3fsctlError, NamespaceConflict, Stora
 from hf3fsctl.health import ConnectorHealth
 from hf3fsctl.keys import NamespaceManifest
 from hf3fsctl.meta.models import Location, RankFile
-from hf3fsctl.staging import KVSegment, StagingPool, gather_blocks, total_page_bytes
+from hf3fsctl.staging import (
+    KVSegment,
+    StagingBuffer,
+    StagingPool,
+    gather_blocks,
+    page_pieces,
+    scatter_blocks,
+    total_page_bytes,
+)
 from hf3fsctl.storage.engine import IOEngine, open_engine
 from hf3fsctl.storage.layout import PageFile, rank_file_name, write_manifest
+from hf3fsctl.tier import LoadTarget, PagePieces, StagingRows, Tier
 
 from .geometry import kv_segments
-from .jobs import LoadRun, invalidate_corrupt, run_load, run_load_direct, run_save
-from .metadata import Hf3fsctlConnectorMetadata
+from .jobs import LoadRun, run_load, run_save
+from .metadata import Hf3fsctlConnectorMetadata, LoadJob, SaveJob
 from .namespace import kv_group
 from .service import MetadataGuard
 from .stats import StatsRecorder
@@ -129,6 +146,7 @@ class WorkerSide:
         self.segments: list[KVSegment] = []
         self.page_file: PageFile | None = None
         self.engine: IOEngine | None = None
+        self._tier: Tier | None = None  # over page_file and engine (rebuilt when they change)
         self.disabled: str | None = "KV caches not registered yet"  # why no I/O now
         self.health = ConnectorHealth(
             role="worker",
@@ -376,6 +394,29 @@ class WorkerSide:
         if old is not None:
             old.close()
 
+    @property
+    def tier(self) -> Tier | None:
+        """This rank's pages as a `Tier` (None until the page file and engine are open).
+
+        Releases go to the client even while the guard has the service marked down: the
+        store reclaims what they miss only after the allocations' deadline.
+        """
+        file, engine = self.page_file, self.engine
+        if file is None or engine is None:
+            return None
+        tier = self._tier
+        if tier is None or tier.page_file is not file or tier.engine is not engine:
+            tier = self._tier = Tier(
+                self.namespace,
+                self.rank,
+                file,
+                engine,
+                self.guard.call,
+                self.pool,
+                release_call=lambda fn: fn(self.guard.client()),
+            )
+        return tier
+
     # --- saves ---------------------------------------------------------------------
 
     def _save_ended(self, req_id: str) -> None:
@@ -473,12 +514,22 @@ class WorkerSide:
         compute.wait_event(done)  # the next step may not overwrite blocks before the copy
         return done
 
-    def _save_job(self, job: Any, lease: Any, ready: Any, started: float) -> None:
+    def _save_job(self, job: SaveJob, lease: StagingBuffer, ready: Any, started: float) -> None:
         try:
             if ready is not None:
                 ready.synchronize()
-            assert self.page_file is not None and self.engine is not None
-            run_save(self, job, lease)
+            if not self.ensure_registered():
+                self.stats.add(save_dropped=len(job.keys))
+                self.stats.fail("metadata_down", len(job.keys))
+                return
+            tier = self.tier  # after registration, which may reopen the page file
+            assert tier is not None
+            outcome = run_save(tier, job, lease.rows(), self.stats)
+            failure = outcome.storage_failure
+            if failure is not None:
+                self.storage_failed(failure.kind, failure.pages, failure.reason)
+            elif outcome.storage_worked:
+                self.storage_worked()
         except Exception:
             logger.exception("save of request %s failed", job.req_id)
             self.stats.fail("error", len(job.keys))
@@ -494,46 +545,63 @@ class WorkerSide:
     def start_load_kv(self, meta: Hf3fsctlConnectorMetadata) -> None:
         """Run this step's synchronous loads; start its asynchronous ones on threads."""
         for job in meta.loads:
-            run = LoadRun(job=job, started=time.monotonic())
+            run = LoadRun(job=job)
             if job.sync:
-                self._load_now(run)
+                self._run_load(run)  # before this step's forward; errors reported this step
                 continue
             with self._lock:
                 self._loads[job.req_id] = run
             try:
-                self._load_pool.submit(self._load_job, run)
+                self._load_pool.submit(self._run_load, run)
             except Exception:
                 logger.exception("cannot start load of request %s", job.req_id)
                 self._load_ended(run, set(job.block_ids), "error")
 
-    def _load_job(self, run: LoadRun) -> None:
-        """An asynchronous load, on a load thread."""
-        self._run_load(run, sync=False)
-
-    def _load_now(self, run: LoadRun) -> None:
-        """A synchronous load: done before this step's forward; errors reported this step."""
-        self._run_load(run, sync=True)
-
-    def _run_load(self, run: LoadRun, *, sync: bool) -> None:
-        failed: set[int] = set(run.job.block_ids)
+    def _run_load(self, run: LoadRun) -> None:
+        """One load job: into the blocks' byte ranges (sync, host cache) or via staging."""
+        job = run.job
+        failed: set[int] = set(job.block_ids)
         kind = "error"
+        lease: StagingBuffer | None = None
         try:
-            if self.disabled is not None:
+            tier = self.tier
+            if self.disabled is not None or tier is None:
                 kind = "disabled"
-            elif sync and not self._cuda:
-                failed, kind = run_load_direct(self, run)
             else:
-                failed, kind = run_load(
-                    self, run, SYNC_STAGING_WAIT_S if sync else LOAD_TIMEOUT_S / 2
-                )
+                # A synchronous load reads straight into a host cache's blocks: nothing
+                # can cancel it (a timed-out background read could not be stopped from
+                # writing into blocks given to another request).
+                into: LoadTarget | None = None
+                if job.sync and not self._cuda:
+                    into = PagePieces(page_pieces(self.segments, job.block_ids))
+                else:
+                    wait_s = SYNC_STAGING_WAIT_S if job.sync else LOAD_TIMEOUT_S / 2
+                    lease = tier.lease(len(job.keys), wait_s)
+                    if lease is None:
+                        kind = "pool_exhausted"
+                    else:
+                        into = StagingRows(lease.rows(), self._scatter_rows(job, lease))
+                if into is not None:
+                    later = self._invalidate_later if job.sync else None  # off the step
+                    failed, kind = run_load(tier, run, into, self.stats, later)
         except Exception:
-            logger.exception("load of request %s failed", run.job.req_id)
+            logger.exception("load of request %s failed", job.req_id)
+        finally:
+            if lease is not None:
+                lease.release()
         self._load_ended(run, failed, kind)
+
+    def _scatter_rows(self, job: LoadJob, lease: StagingBuffer) -> Callable[[list[int]], None]:
+        """Scatters a load's intact staging rows into their blocks."""
+
+        def scatter(good: list[int]) -> None:
+            src = lease.tensor if len(good) == len(job.keys) else lease.tensor[good]
+            self.scatter_ready([job.block_ids[i] for i in good], src)
+
+        return scatter
 
     def scatter_ready(self, block_ids: list[int], src: torch.Tensor) -> None:
         """Scatter staged pages into the KV cache and wait until they are in place."""
-        from hf3fsctl.staging import page_pieces, scatter_blocks
-
         if not self._cuda:
             # One memcpy per (block, layer) range: ~6x faster on CPU than torch's
             # index_copy_ over the strided blocks view (16 vs 100 ms for 124 MiB).
@@ -548,30 +616,25 @@ class WorkerSide:
             scatter_blocks(self.segments, block_ids, src)
         self._load_stream.synchronize()
 
-    def report_corrupt(self, pages: list[Location], *, background: bool) -> None:
-        """Have the store forget `pages` (they failed their checksum); never raises.
+    def _invalidate_later(self, pages: list[Location]) -> None:
+        """Have the store forget a synchronous load's corrupt `pages`, on a load thread.
 
-        Args:
-            pages: the located pages that failed verification.
-            background: run the metadata call on a load thread (for synchronous loads,
-                whose engine step must not wait for it); else call it here.
+        The engine step must not wait for a metadata round trip; `drain` waits for it.
         """
-        if not pages:
-            return
-        if not background:
-            invalidate_corrupt(self, pages)
+        tier = self.tier
+        if tier is None:
             return
         with self._lock:
             self._invalidating += 1
         try:
-            self._load_pool.submit(self._invalidate_job, pages)
+            self._load_pool.submit(self._invalidate_job, tier, pages)
         except Exception as exc:  # pool shut down: best effort
             logger.warning("cannot invalidate %d corrupt pages: %s", len(pages), exc)
             self._invalidate_ended()
 
-    def _invalidate_job(self, pages: list[Location]) -> None:
+    def _invalidate_job(self, tier: Tier, pages: list[Location]) -> None:
         try:
-            invalidate_corrupt(self, pages)
+            self.stats.add(invalidated=tier.invalidate(pages))
         finally:
             self._invalidate_ended()
 
@@ -615,11 +678,8 @@ class WorkerSide:
         with self._lock:
             overdue = [r for r in self._loads.values() if now - r.started > LOAD_TIMEOUT_S]
         for run in overdue:
-            with run.lock:
-                if run.scattered:
-                    continue
-                run.cancelled = True
-            self._load_ended(run, set(run.job.block_ids), "timeout")
+            if run.cancel.cancel():  # else its pages are in the KV cache already
+                self._load_ended(run, set(run.job.block_ids), "timeout")
 
     # --- reporting -----------------------------------------------------------------
 

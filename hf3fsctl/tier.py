@@ -1,0 +1,536 @@
+"""Save, load, verify and invalidate the pages of one (namespace, rank), without vLLM.
+
+The connector's worker side, `hf3fsctl warm` and a page scrub all move pages the same
+way; this is that way, written once.
+
+Contract:
+    * `Tier.save(keys, pages, first_depth)`: allocate pages for the keys (keys already
+      committed or being written are `existing`; `no_space` when the store could not make
+      room) → claim their disk space (`PageFile.reserve`, growing files) → write the
+      pages → commit with the checksums the engine computed. Whatever fails gives back
+      what this writer still holds, so nothing stays pending: the pages that failed to
+      write at once, and every allocation when the claim, the commit or anything before
+      it fails. ENOSPC/EDQUOT on the claim, or a write whose error mentions space, is
+      `no_space`; another storage error is `io` (either is also the outcome's
+      `storage_failure`, for the caller's back-off and health); a metadata outage is
+      `metadata_down`; another typed error is `error`. A save that reached the store
+      with no storage failure sets `storage_worked`.
+    * `Tier.load(keys, into)`: locate (a read lease) → read each found page of the
+      expected size into its target, verifying its checksum → deliver the intact pages.
+      One path for both targets: `StagingRows` (one buffer per key; its `deliver`
+      callback, a scatter into a KV cache, gets the intact rows) and `PagePieces` (the
+      byte ranges of each key's page, such as a block of a host KV cache: the read itself
+      delivers). Per key: `loaded`, `not_found`, `size` (the stored page has another
+      size), `checksum`, `io`, `metadata_down`, `cancelled` or `error`.
+    * A load given a `LoadCancel` checks it before it starts and, atomically with the
+      delivery, before delivering: once cancelled, nothing is delivered (every key is
+      `cancelled`), and a `cancel` after the delivery reports that it came too late. A
+      `PagePieces` read delivers as it goes, so only a load the caller waits for should
+      use it.
+    * Pages that fail their checksum are returned (`LoadOutcome.corrupt`) and the store
+      is told to drop them (`invalidate`: that exact page of the key, on every rank),
+      so they fail one load and not every later one: inline (`LoadOutcome.invalidated`
+      counts the keys dropped), or handed to the caller's `invalidate_with` (the
+      connector runs a synchronous load's invalidation on a background thread, off the
+      engine step; it calls `Tier.invalidate` there).
+    * Neither call raises for a page, storage or metadata failure: typed errors
+      (`Hf3fsctlError`) become outcomes. Anything else (a bug) propagates, after the
+      save has released its allocations.
+    * Metadata calls go through `client_call(fn)`, which runs `fn(client)` with the
+      caller's guard (the connector's `MetadataGuard.call`: timeout, back-off); releases
+      through `release_call`, default the same.
+
+Imports neither vLLM, nor the CLI, nor the connector, nor torch (a staging pool is
+passed in by a caller that has one).
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol, TypeVar
+
+from hf3fsctl.errors import Hf3fsctlError, InvalidRequest, MetadataUnavailable, StorageError
+from hf3fsctl.meta.models import Allocation, CommitItem, Location
+from hf3fsctl.storage.engine import ERROR_CHECKSUM, Buffer, IOEngine, PageResult
+from hf3fsctl.storage.layout import PageFile
+
+if TYPE_CHECKING:
+    from hf3fsctl.meta.client import MetadataClient
+    from hf3fsctl.staging import StagingBuffer, StagingPool
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+# Per-key outcomes of a save.
+SAVED = "saved"  # written and committed
+EXISTING = "existing"  # already committed or being written by another writer
+NO_SPACE = "no_space"  # the store or the file system had no room
+# Per-key outcomes of a load.
+LOADED = "loaded"  # read, verified and delivered
+NOT_FOUND = "not_found"  # not committed on this rank
+SIZE = "size"  # stored with another page size: never read
+CHECKSUM = "checksum"  # the bytes read do not match the recorded checksum
+CANCELLED = "cancelled"  # the load was cancelled before it delivered
+# Of either.
+IO = "io"  # the file system failed the read, write or claim
+METADATA_DOWN = "metadata_down"  # the metadata service did not answer
+ERROR = "error"  # any other typed error
+
+_NO_SPACE_ERRNOS = {errno.ENOSPC, errno.EDQUOT}
+
+
+class ClientCall(Protocol):
+    """Runs one metadata call: `call(lambda client: client.locate(...))`."""
+
+    def __call__(self, fn: Callable[[MetadataClient], T], /) -> T: ...
+
+
+def _counts(kinds: Sequence[str], ok: tuple[str, ...]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for kind in kinds:
+        if kind not in ok:
+            counts[kind] = counts.get(kind, 0) + 1
+    return counts
+
+
+@dataclass(frozen=True)
+class StorageFailure:
+    """The file system failed a save: what kind, how many pages, and why."""
+
+    kind: str  # NO_SPACE or IO
+    pages: int
+    reason: str
+
+
+@dataclass
+class SaveOutcome:
+    """What `Tier.save` did with each key."""
+
+    kinds: list[str]  # per key, in the order given: SAVED, EXISTING or a failure kind
+    committed: int = 0  # pages the store committed (fewer than SAVED if it reclaimed some)
+    storage_failure: StorageFailure | None = None  # the file system failed (back off)
+    storage_worked: bool = False  # pages reached the store with no storage failure
+
+    def count(self, kind: str) -> int:
+        """Keys with outcome `kind`."""
+        return self.kinds.count(kind)
+
+    def failures(self) -> dict[str, int]:
+        """Keys not stored (neither saved nor existing), by kind, in first-seen order."""
+        return _counts(self.kinds, (SAVED, EXISTING))
+
+
+@dataclass
+class LoadOutcome:
+    """What `Tier.load` did with each key."""
+
+    kinds: list[str]  # per key, in the order given: LOADED or a failure kind
+    corrupt: list[Location] = field(default_factory=list)  # pages that failed their checksum
+    invalidated: int = 0  # keys the store dropped (inline invalidation only)
+
+    @property
+    def loaded(self) -> list[int]:
+        """Indices (into the keys) of the pages delivered intact."""
+        return [i for i, kind in enumerate(self.kinds) if kind == LOADED]
+
+    @property
+    def failed(self) -> list[int]:
+        """Indices of the keys whose page was not delivered intact."""
+        return [i for i, kind in enumerate(self.kinds) if kind != LOADED]
+
+    @property
+    def failure_kind(self) -> str | None:
+        """The kind a caller reports the load's failures under (None: nothing failed).
+
+        `not_found` when a key was missing, else the first failed read (`checksum`,
+        `io`), else the first failure of any kind.
+        """
+        failed = [kind for kind in self.kinds if kind != LOADED]
+        if not failed:
+            return None
+        if NOT_FOUND in failed:
+            return NOT_FOUND
+        return next((kind for kind in failed if kind in (CHECKSUM, IO)), failed[0])
+
+    def failures(self) -> dict[str, int]:
+        """Keys not loaded, by kind, in first-seen order."""
+        return _counts(self.kinds, (LOADED,))
+
+
+class LoadCancel:
+    """Cancels a load that may be running on another thread (a timeout, say)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._cancelled = False
+        self._delivered = False
+
+    @property
+    def cancelled(self) -> bool:
+        """Whether `cancel` took effect."""
+        return self._cancelled
+
+    @property
+    def delivered(self) -> bool:
+        """Whether the load delivered its pages (a cancel now is too late)."""
+        return self._delivered
+
+    def cancel(self) -> bool:
+        """Stop the load from delivering; False when it already has."""
+        with self._lock:
+            if self._delivered:
+                return False
+            self._cancelled = True
+            return True
+
+    def deliver(self, fn: Callable[[], None]) -> bool:
+        """Run `fn` (the delivery) unless cancelled; True when it ran."""
+        with self._lock:
+            if self._cancelled:
+                return False
+            fn()
+            self._delivered = True
+            return True
+
+
+class LoadTarget(Protocol):
+    """Where a load puts each key's page."""
+
+    def __len__(self) -> int:
+        """How many keys it has room for."""
+        ...
+
+    def read(
+        self,
+        engine: IOEngine,
+        file: PageFile,
+        indices: Sequence[int],
+        pages: Sequence[int],
+        expected: Sequence[str],
+    ) -> list[PageResult]:
+        """Read `pages[j]` into key `indices[j]`'s place, verifying `expected[j]`."""
+        ...
+
+    def deliver(self, indices: list[int]) -> None:
+        """Hand on the intact pages of keys `indices` (not called for a cancelled load)."""
+        ...
+
+
+@dataclass(frozen=True)
+class StagingRows:
+    """Load into one buffer per key (staging rows); `deliver` gets the intact rows.
+
+    Attributes:
+        rows: writable buffers of at least `page_bytes`, one per key.
+        deliver_to: called with the indices of the intact rows, unless the load was
+            cancelled (the connector scatters them into the KV cache there).
+    """
+
+    rows: Sequence[Buffer]
+    deliver_to: Callable[[list[int]], None] | None = None
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def read(
+        self,
+        engine: IOEngine,
+        file: PageFile,
+        indices: Sequence[int],
+        pages: Sequence[int],
+        expected: Sequence[str],
+    ) -> list[PageResult]:
+        """One `read_pages` call into the keys' rows."""
+        return engine.read_pages(
+            file, pages, [self.rows[i] for i in indices], expected=list(expected)
+        )
+
+    def deliver(self, indices: list[int]) -> None:
+        """Pass the intact rows to `deliver_to`."""
+        if self.deliver_to is not None and indices:
+            self.deliver_to(indices)
+
+
+@dataclass(frozen=True)
+class PagePieces:
+    """Load straight into byte ranges: `pieces[i]` together are key i's page, in order.
+
+    `hf3fsctl.staging.page_pieces` names a host KV cache's blocks this way. The read is
+    the delivery (a failed page may leave any bytes in its pieces).
+    """
+
+    pieces: Sequence[Sequence[Buffer]]
+
+    def __len__(self) -> int:
+        return len(self.pieces)
+
+    def read(
+        self,
+        engine: IOEngine,
+        file: PageFile,
+        indices: Sequence[int],
+        pages: Sequence[int],
+        expected: Sequence[str],
+    ) -> list[PageResult]:
+        """One `read_pages_scattered` call into the keys' pieces."""
+        return engine.read_pages_scattered(
+            file, pages, [self.pieces[i] for i in indices], expected=list(expected)
+        )
+
+    def deliver(self, indices: list[int]) -> None:
+        """Nothing to do: the pages are already in place."""
+
+
+class Tier:
+    """The pages of one (namespace, rank): a page file, an I/O engine, the metadata store.
+
+    Attributes:
+        namespace: the namespace id.
+        rank: the rank whose page file this is.
+        page_file: the open page file.
+        engine: the I/O engine.
+        pool: staging memory for `lease` (None: callers bring their own buffers).
+    """
+
+    def __init__(
+        self,
+        namespace: str,
+        rank: int,
+        page_file: PageFile,
+        engine: IOEngine,
+        client_call: ClientCall,
+        pool: StagingPool | None = None,
+        *,
+        release_call: ClientCall | None = None,
+    ) -> None:
+        """Bind the tier's parts.
+
+        Args:
+            namespace: the namespace id.
+            rank: the rank.
+            page_file: this rank's page file.
+            engine: the I/O engine for it.
+            client_call: runs one metadata call, `client_call(lambda c: c.commit(...))`,
+                with the caller's guard; raises the client's typed errors.
+            pool: staging memory handed out by `lease`.
+            release_call: runs `release` (best effort; default `client_call`). The
+                connector passes one that tries even while its guard has the service
+                marked down.
+        """
+        self.namespace = namespace
+        self.rank = rank
+        self.page_file = page_file
+        self.engine = engine
+        self.pool = pool
+        self._call = client_call
+        self._release_call = release_call or client_call
+
+    @property
+    def page_bytes(self) -> int:
+        """Bytes of one page."""
+        return self.page_file.page_bytes
+
+    def lease(self, count: int, timeout_s: float = 0.0) -> StagingBuffer | None:
+        """Staging rows for `count` pages from `pool`; None when it cannot hold them in time."""
+        if self.pool is None:
+            raise InvalidRequest("this tier has no staging pool")
+        return self.pool.acquire(count, self.page_bytes, timeout_s)
+
+    # --- save ----------------------------------------------------------------------
+
+    def save(
+        self, keys: Sequence[str], pages: Sequence[Buffer], first_depth: int = 0
+    ) -> SaveOutcome:
+        """Store `pages[i]` as key `keys[i]`'s page (keys in chain order).
+
+        Args:
+            keys: block keys, in prefix order.
+            pages: one buffer of `page_bytes` per key.
+            first_depth: chain position of `keys[0]` (eviction takes tails first).
+
+        Raises:
+            InvalidRequest: `keys` and `pages` differ in length.
+        """
+        if len(keys) != len(pages):
+            raise InvalidRequest(f"{len(keys)} keys, {len(pages)} pages: the lengths must match")
+        if not keys:
+            return SaveOutcome([])
+        try:
+            result = self._call(
+                lambda c: c.allocate(self.namespace, self.rank, list(keys), first_depth)
+            )
+        except MetadataUnavailable:
+            return SaveOutcome([METADATA_DOWN] * len(keys))
+        except Hf3fsctlError as exc:
+            logger.warning("allocating %d pages of %s failed: %s", len(keys), self._where(), exc)
+            return SaveOutcome([ERROR] * len(keys))
+        kind_of = dict.fromkeys(result.existing, EXISTING)
+        kind_of.update(dict.fromkeys(result.no_space, NO_SPACE))
+        outcome = SaveOutcome([])
+        if result.allocated:
+            row_of = {key: row for row, key in enumerate(keys)}
+            buffers = [pages[row_of[a.key]] for a in result.allocated]
+            self._store(list(result.allocated), buffers, kind_of, outcome)
+        outcome.kinds = [kind_of.get(key, ERROR) for key in keys]
+        return outcome
+
+    def _store(
+        self,
+        allocated: list[Allocation],
+        buffers: list[Buffer],
+        kind_of: dict[str, str],
+        outcome: SaveOutcome,
+    ) -> None:
+        """Claim, write and commit `allocated`; release what this writer still holds on failure."""
+        held = allocated  # allocations not yet released
+        done = False
+        try:
+            try:
+                self.page_file.reserve([a.page for a in allocated])
+            except StorageError as exc:
+                kind = NO_SPACE if exc.errno in _NO_SPACE_ERRNOS else IO
+                kind_of.update(dict.fromkeys((a.key for a in allocated), kind))
+                outcome.storage_failure = StorageFailure(kind, len(allocated), exc.message)
+                return
+            results = self.engine.write_pages(
+                self.page_file, [a.page for a in allocated], buffers, checksums=True
+            )
+            items: list[CommitItem] = []
+            failed: list[Allocation] = []
+            for allocation, written in zip(allocated, results, strict=True):
+                if written.ok and written.checksum:
+                    items.append(
+                        CommitItem(
+                            key=allocation.key,
+                            page=allocation.page,
+                            checksum=written.checksum,
+                            size=self.page_bytes,
+                        )
+                    )
+                else:
+                    failed.append(allocation)
+            if failed:
+                detail = next((r.detail for r in results if not r.ok), None) or "write failed"
+                kind = NO_SPACE if "space" in detail.lower() else IO
+                kind_of.update(dict.fromkeys((a.key for a in failed), kind))
+                outcome.storage_failure = StorageFailure(kind, len(failed), detail)
+                self._release(failed)
+                failed_keys = {a.key for a in failed}
+                held = [a for a in allocated if a.key not in failed_keys]
+            if items:
+                outcome.committed = self._call(lambda c: c.commit(self.namespace, self.rank, items))
+                kind_of.update(dict.fromkeys((item.key for item in items), SAVED))
+                outcome.storage_worked = not failed
+            done = True
+        except Hf3fsctlError as exc:
+            logger.warning("saving %d pages of %s failed: %s", len(held), self._where(), exc)
+            kind = METADATA_DOWN if isinstance(exc, MetadataUnavailable) else ERROR
+            kind_of.update(dict.fromkeys((a.key for a in held), kind))
+        finally:
+            if not done:
+                self._release(held)
+
+    def _release(self, allocations: list[Allocation]) -> None:
+        if not allocations:
+            return
+        try:
+            self._release_call(lambda c: c.release(self.namespace, self.rank, allocations))
+        except Exception as exc:  # best effort: the store reclaims abandoned pending pages
+            logger.warning("could not release %d allocations: %s", len(allocations), exc)
+
+    # --- load ----------------------------------------------------------------------
+
+    def load(
+        self,
+        keys: Sequence[str],
+        into: LoadTarget,
+        *,
+        cancel: LoadCancel | None = None,
+        invalidate_with: Callable[[list[Location]], None] | None = None,
+    ) -> LoadOutcome:
+        """Read, verify and deliver the stored pages of `keys` into `into`.
+
+        Args:
+            keys: block keys; `into` has one place per key, in the same order.
+            into: where the pages go (`StagingRows` or `PagePieces`).
+            cancel: checked before the load starts and before it delivers.
+            invalidate_with: gets the pages that failed their checksum, to invalidate
+                them elsewhere (with `Tier.invalidate`); default: invalidated here.
+
+        Raises:
+            InvalidRequest: `into` does not have one place per key.
+        """
+        count = len(keys)
+        if len(into) != count:
+            raise InvalidRequest(f"{count} keys, a target for {len(into)}: the lengths must match")
+        if cancel is not None and cancel.cancelled:
+            return LoadOutcome([CANCELLED] * count)
+        if not keys:
+            return LoadOutcome([])
+        try:
+            locations = self._call(lambda c: c.locate(self.namespace, self.rank, list(keys)))
+        except MetadataUnavailable:
+            return LoadOutcome([METADATA_DOWN] * count)
+        except Hf3fsctlError as exc:
+            logger.warning("locating %d pages of %s failed: %s", count, self._where(), exc)
+            return LoadOutcome([ERROR] * count)
+        kinds = [
+            NOT_FOUND if loc is None else SIZE if loc.size != self.page_bytes else LOADED
+            for loc in locations
+        ]
+        found = [
+            (i, loc) for i, loc in enumerate(locations) if loc is not None and kinds[i] == LOADED
+        ]
+        outcome = LoadOutcome(kinds)
+        try:
+            results: list[PageResult] | None = into.read(
+                self.engine,
+                self.page_file,
+                [i for i, _ in found],
+                [loc.page for _, loc in found],
+                [loc.checksum for _, loc in found],
+            )
+        except Hf3fsctlError as exc:  # the engine or file is closed, a page out of range
+            logger.warning("reading %d pages of %s failed: %s", len(found), self._where(), exc)
+            results = None
+        for position, (i, loc) in enumerate(found):
+            if results is None:
+                kinds[i] = ERROR
+            elif not results[position].ok:
+                corrupt = results[position].error == ERROR_CHECKSUM
+                kinds[i] = CHECKSUM if corrupt else IO
+                if corrupt:
+                    outcome.corrupt.append(loc)
+        if outcome.corrupt:
+            if invalidate_with is None:
+                outcome.invalidated = self.invalidate(outcome.corrupt)
+            else:
+                invalidate_with(list(outcome.corrupt))
+        good = outcome.loaded
+        if cancel is None:
+            into.deliver(good)
+        elif not cancel.deliver(lambda: into.deliver(good)):
+            outcome.kinds = [CANCELLED] * count
+        return outcome
+
+    def invalidate(self, pages: Sequence[Location]) -> int:
+        """Have the store drop the keys of `pages` (they failed their checksum).
+
+        Best effort: a page that could not be dropped fails its next load and is
+        reported again. Returns how many keys the store dropped.
+        """
+        if not pages:
+            return 0
+        try:
+            return self._call(lambda c: c.invalidate(self.namespace, self.rank, list(pages)))
+        except Exception as exc:
+            logger.warning("could not invalidate %d corrupt pages: %s", len(pages), exc)
+            return 0
+
+    def _where(self) -> str:
+        return f"namespace {self.namespace} rank {self.rank}"
