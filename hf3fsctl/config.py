@@ -203,6 +203,13 @@ class MetadataConfig:
     token_file: str | None = field(
         default=None, metadata=_spec("file holding the bearer token for http:// URLs")
     )
+    ca_file: str | None = field(
+        default=None,
+        metadata=_spec(
+            "PEM file of the CA that signed an https:// service's certificate "
+            "(default: the system's trust store)"
+        ),
+    )
     retry_backoff_s: float = field(
         default=5.0,
         metadata=_spec("connector: wait this long before retrying a dead service", min=0),

@@ -2,8 +2,9 @@
 
 - `sqlite:///PATH` → `EmbeddedMetadataClient`: the SQLite store in this process (no
   server; processes of one node share the database file).
-- `http://HOST:PORT` → `HttpMetadataClient`: `hf3fsctl serve` over HTTP (stdlib
-  keep-alive connections, a timeout on every call, retries only for idempotent calls).
+- `http(s)://HOST:PORT` → `HttpMetadataClient`: `hf3fsctl serve` over HTTP (stdlib
+  `http.client` keep-alive connections for the hot calls, httpx for the rest; a deadline
+  per call, TLS verified against `metadata.ca_file`, retries only for idempotent calls).
 
 Both raise the same typed errors (`hf3fsctl.errors`): `MetadataUnavailable` when the
 service cannot answer in time, `AuthError`, `InvalidRequest`, `NotFound`,
@@ -172,6 +173,7 @@ def open_metadata_client(
     high_watermark: float = 0.95,
     low_watermark: float = 0.85,
     policy: StorePolicy | None = None,
+    ca_file: str | None = None,
 ) -> MetadataClient:
     """Open the client for a metadata URL (`sqlite:///…` or `http(s)://…`).
 
@@ -194,7 +196,7 @@ def open_metadata_client(
     if url.startswith(("http://", "https://")):
         from hf3fsctl.meta.http import HttpMetadataClient
 
-        return HttpMetadataClient(url, timeout_s=timeout_s, token=token)
+        return HttpMetadataClient(url, timeout_s=timeout_s, token=token, ca_file=ca_file)
     raise ConfigError(
         f"metadata.url: {url!r} is not a metadata URL; use sqlite:///PATH or http://HOST:PORT"
     )
@@ -223,4 +225,5 @@ def connect(config: Config) -> MetadataClient:
         high_watermark=md.high_watermark,
         low_watermark=md.low_watermark,
         policy=StorePolicy.from_config(config),
+        ca_file=md.ca_file,
     )

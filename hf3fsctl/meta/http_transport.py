@@ -1,46 +1,149 @@
-"""`HttpConnection`: a minimal HTTP/1.1 keep-alive client connection for the metadata client.
+"""The two transports of `HttpMetadataClient` (`meta/http.py`), each bounded by a deadline per call.
 
-The metadata calls are small JSON requests answered with a `Content-Length` body; the
-stdlib `http.client` spends ~0.18 ms of CPU per call on them (header objects, an email
-parser for the response headers, a buffered file per response), more than the server's
-lookup. This connection writes the request in one `sendall` and parses the status line
-and the two headers that matter (`content-length`, `connection`) from raw bytes: ~0.04 ms.
+No HTTP is parsed here: both are maintained libraries, and this module only makes every
+socket operation of a call end by that call's deadline (a monotonic time), so that a
+server that trickles bytes, each within any per-operation timeout, cannot stretch a
+call past `timeout_s`.
 
-Contract:
-- `request(method, target, headers, body, timeout)` → `(status, body bytes)`; every socket
-  operation (connect, send, each receive) is bounded by `timeout`.
-- Failures raise `OSError` (`TimeoutError`, `ConnectionError`, or `ProtocolError` for a
-  malformed answer); the connection is then closed and reconnects on the next request.
-- Keep-alive: the socket stays open unless the server answers `connection: close`;
-  `is_stale()` says whether an idle socket was closed by the server (it reads as EOF),
-  so the caller can reconnect before sending a request that must not be retried.
-- Chunked answers are decoded too (the server does not send them for these routes).
+- `DeadlineHTTPConnection`: a stdlib `http.client` keep-alive connection, for the
+  connector's hot calls (lookup, locate, allocate, commit, release, invalidate). Its
+  socket (`_DeadlineSocket`, or `_DeadlineSSLSocket` for https, put in place through
+  `SSLContext.sslsocket_class`) sets its timeout to the time left before `deadline`
+  before every receive and send, and raises `TimeoutError` once it has passed. The
+  connect and the TLS handshake are bounded by the time left too. `exchange()` sends
+  one request and reads the whole answer (any framing `http.client` reads:
+  content-length, chunked, or up to the close); `is_stale()` says whether the server
+  closed the idle socket, so the caller reconnects before a call that is never retried.
+- `DeadlineTransport`: an `httpx` transport, for every other call. It is httpcore's
+  connection pool (the engine of `httpx.HTTPTransport`) with a network backend that
+  clamps the timeout of every connect, TLS handshake, read and write to the deadline
+  the request carries in `extensions["deadline"]`, raising httpx's timeout errors
+  once it has passed. httpcore errors are mapped to httpx's, as `httpx.HTTPTransport`
+  does.
+- `tls_context(ca_file)`: certificate and host-name verification against `ca_file`
+  (PEM), else the system's trust store (which honours `SSL_CERT_FILE`).
 """
 
 from __future__ import annotations
 
+import http.client
+import math
 import select
 import socket
 import ssl
+import threading
+import time
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
 
-_RECV = 256 * 1024
-_MAX_HEADER = 64 * 1024
+import httpcore
+import httpx
+
+from hf3fsctl.errors import ConfigError
+
+if TYPE_CHECKING:
+    from _typeshed import ReadableBuffer, WriteableBuffer
 
 
-class ProtocolError(OSError):
-    """The server's answer is not well-formed HTTP/1.1."""
+def tls_context(ca_file: str | None, *, deadline_sockets: bool = False) -> ssl.SSLContext:
+    """A client context that verifies the server against `ca_file` (or the system CAs).
+
+    With `deadline_sockets`, the sockets it wraps are `_DeadlineSSLSocket`s (for
+    `DeadlineHTTPConnection`).
+    """
+    try:
+        context = ssl.create_default_context(cafile=ca_file)
+    except (OSError, ValueError) as exc:  # ssl.SSLError is an OSError
+        raise ConfigError(f"metadata.ca_file: cannot load {ca_file!r}: {exc}") from None
+    if deadline_sockets:
+        context.sslsocket_class = _DeadlineSSLSocket
+    return context
 
 
-class HttpConnection:
-    """One keep-alive connection to `host:port` (TLS when `tls`)."""
+def _left(deadline: float) -> float | None:
+    """Seconds left before `deadline` (None: no deadline); `TimeoutError` once past."""
+    if deadline == math.inf:
+        return None
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise TimeoutError("the call's deadline passed")
+    return left
 
-    def __init__(self, host: str, port: int, *, tls: bool = False) -> None:
-        self.host = host
-        self.port = port
-        self.tls = tls
-        self.sock: socket.socket | None = None
-        self._buffer = b""
-        self._host_header = f"{host}:{port}".encode()
+
+# --- http.client, for the hot calls ------------------------------------------------------
+
+
+class _DeadlineSocket(socket.socket):
+    """A TCP socket whose every receive and send ends by `deadline`."""
+
+    deadline: float = math.inf
+
+    def recv_into(self, buffer: WriteableBuffer, nbytes: int = 0, flags: int = 0) -> int:
+        self.settimeout(_left(self.deadline))
+        return super().recv_into(buffer, nbytes, flags)
+
+    def recv(self, bufsize: int, flags: int = 0) -> bytes:
+        self.settimeout(_left(self.deadline))
+        return super().recv(bufsize, flags)
+
+    def sendall(self, data: ReadableBuffer, flags: int = 0) -> None:
+        # One timeout bounds the whole `sendall` (Python >= 3.5).
+        self.settimeout(_left(self.deadline))
+        super().sendall(data, flags)
+
+
+class _DeadlineSSLSocket(ssl.SSLSocket):
+    """A TLS socket whose every receive and send ends by `deadline`."""
+
+    deadline: float = math.inf
+
+    def recv_into(self, buffer: WriteableBuffer, nbytes: int | None = None, flags: int = 0) -> int:
+        self.settimeout(_left(self.deadline))
+        return super().recv_into(buffer, nbytes, flags)
+
+    def recv(self, buflen: int = 1024, flags: int = 0) -> bytes:
+        self.settimeout(_left(self.deadline))
+        return super().recv(buflen, flags)
+
+    def send(self, data: ReadableBuffer, flags: int = 0) -> int:
+        # `SSLSocket.sendall` sends through `send`, so each piece is bounded.
+        self.settimeout(_left(self.deadline))
+        return super().send(data, flags)
+
+
+class DeadlineHTTPConnection(http.client.HTTPConnection):
+    """One `http.client` keep-alive connection whose calls end by their deadline.
+
+    Args:
+        host, port: the server.
+        tls: the context of an https connection (`tls_context(..., deadline_sockets=True)`),
+            None for http.
+    """
+
+    def __init__(self, host: str, port: int, *, tls: ssl.SSLContext | None = None) -> None:
+        super().__init__(host, port)
+        self._tls = tls
+        self.deadline = math.inf
+
+    def connect(self) -> None:
+        """Connect (and handshake) within the time left before `deadline`."""
+        raw = socket.create_connection((self.host, self.port), _left(self.deadline))
+        try:
+            raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if self._tls is None:
+                sock: _DeadlineSocket | _DeadlineSSLSocket = _DeadlineSocket(
+                    raw.family, raw.type, raw.proto, fileno=raw.detach()
+                )
+            else:
+                raw.settimeout(_left(self.deadline))  # bounds the handshake
+                wrapped = self._tls.wrap_socket(raw, server_hostname=self.host)
+                assert isinstance(wrapped, _DeadlineSSLSocket)
+                sock = wrapped
+        except BaseException:
+            raw.close()
+            raise
+        sock.deadline = self.deadline
+        self.sock = sock
 
     def is_stale(self) -> bool:
         """Whether the idle socket was closed (or written to) by the server."""
@@ -52,100 +155,169 @@ class HttpConnection:
             return True
         return bool(readable)
 
-    def close(self) -> None:
-        """Close the socket; the next request reconnects."""
-        if self.sock is not None:
-            try:
-                self.sock.close()
-            finally:
-                self.sock = None
-                self._buffer = b""
-
-    def request(
+    def exchange(
         self,
         method: str,
         target: str,
         headers: dict[str, str],
         body: bytes | None,
-        timeout: float,
+        deadline: float,
     ) -> tuple[int, bytes]:
-        """Send one request and read its answer: `(status, body)`."""
-        if self.sock is None:
-            self._connect(timeout)
-        sock = self.sock
-        assert sock is not None
-        sock.settimeout(timeout)
-        lines = [f"{method} {target} HTTP/1.1\r\n".encode(), b"host: ", self._host_header]
-        lines.extend(f"\r\n{name}: {value}".encode() for name, value in headers.items())
-        lines.append(b"\r\ncontent-length: %d\r\n\r\n" % len(body or b""))
-        if body:
-            lines.append(body)
+        """Send one request and read its whole answer by `deadline`: `(status, body)`.
+
+        Raises `OSError` (`TimeoutError` past the deadline) or `http.client.HTTPException`;
+        the connection is then closed, and the next call reconnects.
+        """
+        self.deadline = deadline
+        if isinstance(self.sock, (_DeadlineSocket, _DeadlineSSLSocket)):
+            self.sock.deadline = deadline
         try:
-            sock.sendall(b"".join(lines))
-            status, length, chunked, close = self._read_head(sock)
-            data = self._read_chunked(sock) if chunked else self._read_exactly(sock, length)
+            self.request(method, target, body, headers)
+            response = self.getresponse()
+            return response.status, response.read()
         except BaseException:
             self.close()
             raise
-        if close:
-            self.close()
-        return status, data
 
-    def _connect(self, timeout: float) -> None:
-        sock = socket.create_connection((self.host, self.port), timeout=timeout)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        if self.tls:
-            sock = ssl.create_default_context().wrap_socket(sock, server_hostname=self.host)
-        self.sock = sock
-        self._buffer = b""
 
-    def _fill(self, sock: socket.socket) -> None:
-        chunk = sock.recv(_RECV)
-        if not chunk:
-            raise ConnectionResetError("the server closed the connection")
-        self._buffer += chunk
+# --- httpx, for every other call ---------------------------------------------------------
 
-    def _read_head(self, sock: socket.socket) -> tuple[int, int, bool, bool]:
-        while (end := self._buffer.find(b"\r\n\r\n")) < 0:
-            if len(self._buffer) > _MAX_HEADER:
-                raise ProtocolError("response headers too long")
-            self._fill(sock)
-        head, self._buffer = self._buffer[:end], self._buffer[end + 4 :]
-        status_line, *header_lines = head.split(b"\r\n")
-        parts = status_line.split(b" ", 2)
-        if len(parts) < 2 or not parts[0].startswith(b"HTTP/1.") or not parts[1].isdigit():
-            raise ProtocolError(f"bad status line {status_line[:80]!r}")
-        length, chunked, close = 0, False, parts[0] == b"HTTP/1.0"
-        for line in header_lines:
-            name, _, value = line.partition(b":")
-            name = name.strip().lower()
-            if name == b"content-length":
-                if not value.strip().isdigit():
-                    raise ProtocolError(f"bad content-length {value[:40]!r}")
-                length = int(value)
-            elif name == b"transfer-encoding":
-                chunked = b"chunked" in value.lower()
-            elif name == b"connection":
-                close = b"close" in value.lower()
-        return int(parts[1]), length, chunked, close
+_DEADLINE = threading.local()  # .at: the deadline of the request this thread is sending
 
-    def _read_exactly(self, sock: socket.socket, length: int) -> bytes:
-        while len(self._buffer) < length:
-            self._fill(sock)
-        data, self._buffer = self._buffer[:length], self._buffer[length:]
-        return data
 
-    def _read_chunked(self, sock: socket.socket) -> bytes:
-        chunks = []
-        while True:
-            while (end := self._buffer.find(b"\r\n")) < 0:
-                self._fill(sock)
-            size_text = self._buffer[:end].split(b";", 1)[0].strip()
-            self._buffer = self._buffer[end + 2 :]
+def _clamp(timeout: float | None, error: type[Exception]) -> float | None:
+    """`timeout` cut to the time left before this thread's deadline; `error` once past."""
+    at: float | None = getattr(_DEADLINE, "at", None)
+    if at is None:
+        return timeout
+    left = at - time.monotonic()
+    if left <= 0:
+        raise error("the call's deadline passed")
+    return left if timeout is None else min(timeout, left)
+
+
+class _DeadlineStream(httpcore.NetworkStream):
+    def __init__(self, inner: httpcore.NetworkStream) -> None:
+        self._inner = inner
+
+    def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+        return self._inner.read(max_bytes, _clamp(timeout, httpcore.ReadTimeout))
+
+    def write(self, buffer: bytes, timeout: float | None = None) -> None:
+        self._inner.write(buffer, _clamp(timeout, httpcore.WriteTimeout))
+
+    def close(self) -> None:
+        self._inner.close()
+
+    def start_tls(
+        self,
+        ssl_context: ssl.SSLContext,
+        server_hostname: str | None = None,
+        timeout: float | None = None,
+    ) -> httpcore.NetworkStream:
+        left = _clamp(timeout, httpcore.ConnectTimeout)
+        return _DeadlineStream(self._inner.start_tls(ssl_context, server_hostname, left))
+
+    def get_extra_info(self, info: str) -> Any:
+        return self._inner.get_extra_info(info)
+
+
+class _DeadlineBackend(httpcore.NetworkBackend):
+    def __init__(self) -> None:
+        self._inner = httpcore.SyncBackend()
+
+    def connect_tcp(
+        self,
+        host: str,
+        port: int,
+        timeout: float | None = None,
+        local_address: str | None = None,
+        socket_options: Iterable[Any] | None = None,
+    ) -> httpcore.NetworkStream:
+        left = _clamp(timeout, httpcore.ConnectTimeout)
+        stream = self._inner.connect_tcp(host, port, left, local_address, socket_options)
+        return _DeadlineStream(stream)
+
+    def connect_unix_socket(
+        self,
+        path: str,
+        timeout: float | None = None,
+        socket_options: Iterable[Any] | None = None,
+    ) -> httpcore.NetworkStream:
+        left = _clamp(timeout, httpcore.ConnectTimeout)
+        return _DeadlineStream(self._inner.connect_unix_socket(path, left, socket_options))
+
+    def sleep(self, seconds: float) -> None:
+        self._inner.sleep(seconds)
+
+
+# httpcore's errors and the httpx errors they become (most specific first).
+_ERROR_MAP: tuple[tuple[type[Exception], type[httpx.TransportError]], ...] = (
+    (httpcore.ConnectTimeout, httpx.ConnectTimeout),
+    (httpcore.ReadTimeout, httpx.ReadTimeout),
+    (httpcore.WriteTimeout, httpx.WriteTimeout),
+    (httpcore.PoolTimeout, httpx.PoolTimeout),
+    (httpcore.TimeoutException, httpx.TimeoutException),
+    (httpcore.ConnectError, httpx.ConnectError),
+    (httpcore.ReadError, httpx.ReadError),
+    (httpcore.WriteError, httpx.WriteError),
+    (httpcore.NetworkError, httpx.NetworkError),
+    (httpcore.RemoteProtocolError, httpx.RemoteProtocolError),
+    (httpcore.LocalProtocolError, httpx.LocalProtocolError),
+    (httpcore.ProtocolError, httpx.ProtocolError),
+    (httpcore.UnsupportedProtocol, httpx.UnsupportedProtocol),
+)
+
+
+class DeadlineTransport(httpx.BaseTransport):
+    """An httpx transport whose requests end by `request.extensions["deadline"]`.
+
+    A request without one is bounded by httpx's per-operation timeouts only. The answer
+    is read whole before `handle_request` returns, so the deadline covers it too.
+    """
+
+    def __init__(self, *, tls: ssl.SSLContext | None = None, max_connections: int = 16) -> None:
+        self._pool = httpcore.ConnectionPool(
+            ssl_context=tls,
+            max_connections=max_connections,
+            keepalive_expiry=30.0,
+            network_backend=_DeadlineBackend(),
+        )
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        assert isinstance(request.stream, httpx.SyncByteStream)
+        core = httpcore.Request(
+            method=request.method,
+            url=httpcore.URL(
+                scheme=request.url.raw_scheme,
+                host=request.url.raw_host,
+                port=request.url.port,
+                target=request.url.raw_path,
+            ),
+            headers=request.headers.raw,
+            content=request.stream,
+            extensions=request.extensions,
+        )
+        _DEADLINE.at = request.extensions.get("deadline")
+        try:
+            response = self._pool.handle_request(core)
             try:
-                size = int(size_text, 16)
-            except ValueError:
-                raise ProtocolError(f"bad chunk size {size_text[:20]!r}") from None
-            chunks.append(self._read_exactly(sock, size + 2)[:size])
-            if size == 0:  # no trailers are expected; the last CRLF was consumed above
-                return b"".join(chunks)
+                content = response.read()
+            finally:
+                response.close()
+        except Exception as exc:
+            for core_error, error in _ERROR_MAP:
+                if isinstance(exc, core_error):
+                    raise error(str(exc) or type(exc).__name__, request=request) from exc
+            raise
+        finally:
+            _DEADLINE.at = None
+        return httpx.Response(
+            status_code=response.status,
+            headers=response.headers,
+            content=content,
+            extensions=response.extensions,
+        )
+
+    def close(self) -> None:
+        self._pool.close()

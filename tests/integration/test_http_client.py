@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -108,3 +109,23 @@ def test_two_worker_processes_serve_one_store(tmp_path: Path) -> None:
         assert [each.lookup(ns, keys(16)) for each in clients] == [16] * 4
     finally:
         server.stop()
+
+
+def test_threads_share_one_client(client: HttpMetadataClient) -> None:
+    # Hot calls go over one http.client connection per thread, the others over one
+    # httpx pool that every thread shares: both must hold up under concurrent use.
+    ns = register(client, num_pages=400)
+
+    def work(t: int) -> tuple[int, int]:
+        chain = keys(40, salt=f"thread{t}")
+        for i in range(0, 40, 4):
+            store_keys(client, ns, chain[i : i + 4])
+            assert client.get_namespace(ns).id == ns
+        return client.lookup(ns, chain), client.stats().namespaces[0].keys
+
+    with ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(work, range(8)))
+    assert [hits for hits, _ in results] == [40] * 8
+    assert client.stats().namespaces[0].keys == 320
+    client.close()
+    assert client.lookup(ns, keys(40, salt="thread0")) == 40  # reconnects after close
