@@ -251,7 +251,7 @@ def test_call_ends_at_its_deadline(server: _Server, call: Call, behaviour: str) 
     with pytest.raises(MetadataUnavailable, match="deadline"):
         call.run(client)
     elapsed = time.monotonic() - started
-    assert 0.45 <= elapsed < 3.0, elapsed  # the 0.5 s deadline, with a loaded-CI margin
+    assert 0.45 <= elapsed < 1.8, elapsed  # the 0.5 s deadline; the whole answer takes 2 s
     assert len(server.requests) == 1  # the deadline had passed: no retry
 
 
