@@ -278,19 +278,18 @@ def _fit(
         can_punch = bounds.can_punch
 
         swing = (bounds.high - bounds.low) * limit
-        evicted = 0
 
         def done() -> bool:
-            # Down to the low watermark; but where only the allocating namespace's own
-            # pages can be reused (no punching) the low watermark may be out of reach:
-            # then one watermark swing's worth, once the allocation fits.
-            if not over(bounds.low * limit):
-                return True
-            return not can_punch and evicted >= swing and not over(limit)
+            # Room this allocation and the next ones have without evicting again: what
+            # the store may still grow under its high watermark, plus the file's own
+            # reusable pages. Enough for this allocation and one watermark swing (high
+            # to low) — whether it comes from other files' space given back or from
+            # this file's own freed pages, which it keeps for reuse instead of punching.
+            room = bounds.high * limit - expected + backed * row.slot
+            return room >= need * row.slot + swing
 
         def freed(ns: str, rank: int, page: int) -> None:
-            nonlocal expected, backed, evicted
-            evicted += slots.get((ns, rank), (0, True))[0]
+            nonlocal expected, backed
             if (ns, rank) == mine:
                 backed += 1
             else:
@@ -304,7 +303,9 @@ def _fit(
             scope=_evictable_scope(slots, row.namespace, scope, can_punch),
             satisfied=done,
             on_free=freed,
-            batch=max(256, need),
+            reason="capacity" if scope is None else "quota",
+            # One candidate scan for the whole swing (each scan sorts every entry).
+            batch=max(256, need + int(swing // row.slot) + 1),
         )
         if bounds.can_punch:
             bounds.given_back.extend(mark_give_back(conn, now, keep=mine, scope=scope))

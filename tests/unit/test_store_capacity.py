@@ -943,3 +943,18 @@ def test_leased_keys_are_not_evicted_for_capacity(make_tier: Callable[..., Tier]
     granted = len(tier.store.allocate(b, 0, keys(8, salt="b")).allocated)
     assert (granted, tier.store.lookup(a, keys(8, salt="a")), tier.disk(a)) == (2, 8, 8 * SLOT)
     assert tier.sound() == []
+
+
+def test_a_full_single_namespace_store_evicts_one_swing_not_everything(tier: Tier) -> None:
+    # 20-page capacity, watermarks 0.8 / 0.5: one swing is 6 pages. The namespace's own
+    # freed pages are room too (kept for reuse), so eviction stops once this allocation
+    # and one swing fit — it must not empty the store trying to reach the low watermark.
+    a = tier.add("a")
+    old = keys(16, salt="old")
+    tier.put(a, old)
+    time.sleep(0.002)
+    assert tier.put(a, keys(2, salt="new")) == 2
+    kept = sum(1 for key in old if tier.store.lookup(a, [key]) == 1)
+    assert 6 <= kept <= 10
+    assert tier.store.capacity().bytes_used <= 20 * SLOT
+    assert tier.sound() == []
