@@ -261,7 +261,10 @@ def _fit(
     expected = held_bytes(conn, scope) - giving_back_bytes(conn, scope)
 
     def over(ceiling: float) -> bool:
-        return expected + max(0, need - backed) * row.slot > ceiling
+        # Reusable pages of the file beyond this allocation are room for the next ones
+        # (not clamped at zero): a store kept full by its own free pages does not
+        # evict on every allocation.
+        return expected + (need - backed) * row.slot > ceiling
 
     def refresh() -> None:
         nonlocal expected, backed
