@@ -77,6 +77,32 @@ def _apply_used(conn: sqlite3.Connection, freed: dict[tuple[str, int], int]) -> 
     )
 
 
+def _finish(
+    conn: sqlite3.Connection,
+    freed: dict[tuple[str, int], int],
+    keys_by_namespace: dict[str, int],
+    reason: str,
+) -> None:
+    """Apply freed pages to the rank files' counts and count the evictions by reason
+    (`evictions`: capacity, quota, file_full, admin, corrupt; Prometheus reads them)."""
+    _apply_used(conn, freed)
+    if not keys_by_namespace:
+        return
+    slots = {
+        (ns, rank): slot
+        for ns, rank, slot in conn.execute("SELECT namespace, rank, slot_bytes FROM rank_files")
+    }
+    freed_bytes: dict[str, int] = defaultdict(int)
+    for (ns, rank), count in freed.items():
+        freed_bytes[ns] += count * slots.get((ns, rank), 0)
+    conn.executemany(
+        "INSERT INTO evictions (namespace, reason, keys, bytes) VALUES (?,?,?,?)"
+        " ON CONFLICT (namespace, reason) DO UPDATE SET keys = keys + excluded.keys,"
+        " bytes = bytes + excluded.bytes",
+        [(ns, reason, keys, freed_bytes[ns]) for ns, keys in keys_by_namespace.items() if keys],
+    )
+
+
 def reclaim_expired(conn: sqlite3.Connection, namespace: str, rank: int, now: float) -> int:
     """Free the pages of pending entries on `rank` whose writer's deadline passed."""
     rows = conn.execute(
@@ -118,14 +144,17 @@ def evict_lru(
     scope: Sequence[str] | None,
     satisfied: Callable[[], bool],
     on_free: Callable[[str, int, int], None],
+    reason: str,
     batch: int = _BATCH,
 ) -> int:
     """Evict LRU keys of `scope` (every rank at once) until `satisfied()`.
 
     `on_free(namespace, rank, page)` is told of every freed page (all reusable now: the
-    candidates hold no lease). Returns how many keys were evicted.
+    candidates hold no lease). Returns how many keys were evicted; they are counted
+    under `reason`.
     """
     freed: dict[tuple[str, int], int] = defaultdict(int)
+    by_namespace: dict[str, int] = defaultdict(int)
     evicted = 0
     while not satisfied():
         candidates = lru_candidates(conn, now, scope, batch)
@@ -138,7 +167,8 @@ def evict_lru(
                 freed[(ns, rank)] += 1
                 on_free(ns, rank, page)
             evicted += 1
-    _apply_used(conn, freed)
+            by_namespace[ns] += 1
+    _finish(conn, freed, by_namespace, reason)
     return evicted
 
 
@@ -187,7 +217,7 @@ def evict_for_allocation(
                 if freed_rank == rank:
                     used -= 1
             evicted += 1
-    _apply_used(conn, freed)
+    _finish(conn, freed, {namespace: evicted}, "file_full")
     return evicted
 
 
@@ -216,7 +246,7 @@ def invalidate_pages(
         for freed_rank, _ in _drop_key(conn, namespace, key, now):
             freed[(namespace, freed_rank)] += 1
         dropped += 1
-    _apply_used(conn, freed)
+    _finish(conn, freed, {namespace: dropped}, "corrupt")
     return dropped
 
 
@@ -270,7 +300,7 @@ def evict_entries(
             bytes_used -= size
         keys += 1
         by_namespace[ns] += 1
-    _apply_used(conn, freed)
+    _finish(conn, freed, by_namespace, "admin")
     return EvictResult(
         keys=keys,
         pages=pages,

@@ -84,9 +84,24 @@ class _StoreCollector:
         quota = GaugeMetricFamily(
             "hf3fsctl_quota_bytes", "a namespace's quota (or its model's)", labels=["namespace"]
         )
+        evicted_keys = CounterMetricFamily(
+            "hf3fsctl_evicted_keys",
+            "keys evicted, by reason (capacity, quota, file_full, admin, corrupt)",
+            labels=["namespace", "reason"],
+        )
+        evicted_bytes = CounterMetricFamily(
+            "hf3fsctl_evicted_bytes",
+            "page bytes freed by evictions, by reason",
+            labels=["namespace", "reason"],
+        )
         for ns in stats.namespaces:
             if ns.quota_bytes is not None:
                 quota.add_metric([ns.id], float(ns.quota_bytes))
+            for reason, (keys, nbytes) in ns.evicted.items():
+                evicted_keys.add_metric([ns.id, reason], float(keys))
+                evicted_bytes.add_metric([ns.id, reason], float(nbytes))
+        yield evicted_keys
+        yield evicted_bytes
         yield from store_gauges.values()
         yield quota
         counters = {

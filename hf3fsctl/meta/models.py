@@ -4,6 +4,11 @@ Results (`Location`, `AllocateResult`, `StoreStats`, …) are what every `Metada
 returns, whether it talks to SQLite in-process or to `hf3fsctl serve` over HTTP; request
 bodies (`*Request`) are what the HTTP routes accept. Keys are lower-case hex block keys
 (`hf3fsctl.keys.check_key`), namespaces 16-hex-digit ids.
+
+The key lists of request bodies (`BlockKeys`) are checked all at once (`check_keys`, one
+C-speed pass: ~0.04 ms for 1,000 keys, a third of what a pattern per key costs)
+and arrive as `CheckedKeys`, which the store does not check again. Integers that reach
+SQLite are bounded by its INTEGER range, so an oversized number is a 422, not a 500.
 """
 
 from __future__ import annotations
@@ -11,12 +16,58 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictStr,
+    TypeAdapter,
+    WithJsonSchema,
+)
 
-Key = Annotated[str, Field(pattern=r"^[0-9a-f]{16,128}$")]
-NamespaceId = Annotated[str, Field(pattern=r"^[0-9a-f]{16}$")]
+from hf3fsctl.errors import InvalidRequest
+from hf3fsctl.keys import check_keys
+
+KEY_PATTERN = r"^[0-9a-f]{16,128}$"
+NAMESPACE_PATTERN = r"^[0-9a-f]{16}$"
+SQL_INT_MAX = 2**63 - 1  # SQLite's largest INTEGER
+
+Key = Annotated[str, Field(pattern=KEY_PATTERN)]
+NamespaceId = Annotated[str, Field(pattern=NAMESPACE_PATTERN)]
 Rank = Annotated[int, Field(ge=0, le=4095)]
-Page = Annotated[int, Field(ge=0)]
+Page = Annotated[int, Field(ge=0, le=SQL_INT_MAX)]
+Positive = Annotated[int, Field(gt=0, le=SQL_INT_MAX)]
+
+
+class CheckedKeys(list[str]):
+    """Block keys a request model has checked (`BlockKeys`): the store trusts them."""
+
+    __slots__ = ()
+
+
+_KEY_LIST: TypeAdapter[list[str]] = TypeAdapter(list[Key])
+
+
+def _checked_keys(keys: list[str]) -> CheckedKeys:
+    """`keys` checked in one pass; on failure pydantic's own error names the first bad key."""
+
+    try:
+        check_keys(keys)
+    except InvalidRequest:
+        _KEY_LIST.validate_python(keys)  # raises, located at the bad key
+        raise
+    # `check_key`'s pattern lets a trailing newline through; the declared schema does not
+    if keys and "\n" in "".join(keys):
+        _KEY_LIST.validate_python(keys)
+    return CheckedKeys(keys)
+
+
+BlockKeys = Annotated[
+    list[Annotated[StrictStr, WithJsonSchema({"type": "string", "pattern": KEY_PATTERN})]],
+    AfterValidator(_checked_keys),
+]
+"""A request's list of block keys, validated in one pass into `CheckedKeys`."""
 
 
 class _Model(BaseModel):
@@ -31,9 +82,9 @@ class RankFile(_Model):
 
     rank: Rank
     path: str  # relative to the storage root, e.g. "<namespace>/rank-0000.pages"
-    page_bytes: int = Field(gt=0)  # bytes of one page (a block, all layers, K and V)
-    slot_bytes: int = Field(gt=0)  # bytes between page starts (page_bytes, aligned)
-    num_pages: int = Field(gt=0)  # pages the file can address (a growing file: its limit)
+    page_bytes: Positive  # bytes of one page (a block, all layers, K and V)
+    slot_bytes: Positive  # bytes between page starts (page_bytes, aligned)
+    num_pages: Positive  # pages the file can address (a growing file: its limit)
     preallocated: bool = False  # fallocated at full size (else grows on demand)
 
 
@@ -80,7 +131,7 @@ class CommitItem(_Model):
     key: Key
     page: Page
     checksum: str = Field(min_length=1, max_length=64)
-    size: int = Field(ge=0)
+    size: int = Field(ge=0, le=SQL_INT_MAX)
 
 
 class InvalidateItem(_Model):
@@ -107,9 +158,9 @@ class EvictRequest(_Model):
     """What to evict. Criteria combine (AND); `all` evicts everything selected."""
 
     namespace: NamespaceId | None = None
-    older_than_s: float | None = Field(default=None, ge=0)  # last access older than this
+    older_than_s: float | None = Field(default=None, ge=0, allow_inf_nan=False)  # last access
     target_usage: float | None = Field(default=None, ge=0, le=1)  # evict LRU down to this
-    max_entries: int | None = Field(default=None, ge=0)  # evict at most this many keys
+    max_entries: int | None = Field(default=None, ge=0, le=SQL_INT_MAX)  # at most this many
     all: bool = False
     include_pinned: bool = False  # pinned keys are left alone unless this is set
     dry_run: bool = False
@@ -144,6 +195,7 @@ class NamespaceStats(_Model):
     hit_keys: int  # keys found by lookups
     last_access: float | None  # newest entry access
     last_used: float  # registration, lookups or loads, whichever is newest
+    evicted: dict[str, list[int]] = Field(default_factory=dict)  # reason → [keys, bytes]
 
 
 class StoreStats(_Model):
@@ -174,22 +226,22 @@ class CapacityInfo(_Model):
 
 
 class SetCapacityRequest(_Model):
-    capacity_bytes: int = Field(gt=0)
+    capacity_bytes: Positive
 
 
 class PinRequest(_Model):
     """Keep keys of a namespace out of LRU eviction (for `ttl_s` seconds, or until unpinned)."""
 
     namespace: NamespaceId
-    keys: list[Key]
-    ttl_s: float | None = Field(default=None, gt=0)
+    keys: BlockKeys
+    ttl_s: float | None = Field(default=None, gt=0, allow_inf_nan=False)
 
 
 class UnpinRequest(_Model):
     """Drop pins: the given keys, or every pin of the namespace when `keys` is None."""
 
     namespace: NamespaceId
-    keys: list[Key] | None = None
+    keys: BlockKeys | None = None
 
 
 class PinResult(_Model):
@@ -263,7 +315,7 @@ class RegisterRankRequest(_Model):
 
 class LookupRequest(_Model):
     namespace: NamespaceId
-    keys: list[Key]
+    keys: BlockKeys
 
 
 class LookupResponse(_Model):
@@ -273,7 +325,7 @@ class LookupResponse(_Model):
 class LocateRequest(_Model):
     namespace: NamespaceId
     rank: Rank
-    keys: list[Key]
+    keys: BlockKeys
 
 
 class LocateResponse(_Model):
@@ -283,8 +335,8 @@ class LocateResponse(_Model):
 class AllocateRequest(_Model):
     namespace: NamespaceId
     rank: Rank
-    keys: list[Key]
-    first_depth: int = Field(default=0, ge=0)  # chain position of keys[0]
+    keys: BlockKeys
+    first_depth: int = Field(default=0, ge=0, le=2**62)  # chain position of keys[0]
 
 
 class CommitRequest(_Model):

@@ -131,9 +131,11 @@ def manifest_ranks(manifest: dict[str, Any]) -> int:
     sizes = []
     for name in ("tp_size", "pp_size"):
         value = manifest.get(name)
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise InvalidRequest(f"manifest {name} must be a positive integer, got {value!r}")
+        if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= 4096:
+            raise InvalidRequest(f"manifest {name} must be an integer in 1..4096, got {value!r}")
         sizes.append(value)
+    if sizes[0] * sizes[1] > 4096:
+        raise InvalidRequest(f"manifest has {sizes[0] * sizes[1]} ranks (TP x PP); at most 4096")
     return sizes[0] * sizes[1]
 
 
@@ -168,6 +170,7 @@ def drop_namespace(
         ("free_pages", "namespace"),
         ("rank_files", "namespace"),
         ("pins", "namespace"),
+        ("evictions", "namespace"),
         ("namespaces", "id"),
     ):
         conn.execute(f"DELETE FROM {table} WHERE {column} = ?", (namespace,))

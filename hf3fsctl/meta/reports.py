@@ -45,6 +45,11 @@ def store_stats(
         conn.execute("SELECT namespace, MAX(last_access) FROM entries GROUP BY namespace")
     )
     pins = pinned_counts(conn, now)
+    evicted: dict[str, dict[str, list[int]]] = {}
+    for ns, reason, keys, nbytes in conn.execute(
+        "SELECT namespace, reason, keys, bytes FROM evictions"
+    ):
+        evicted.setdefault(ns, {})[reason] = [keys, nbytes]
     sizes = key_bytes(conn)
     quota_of: dict[str, int] = {}
     for scope, limit in quota_scopes(conn, quotas):
@@ -75,6 +80,7 @@ def store_stats(
                 hit_keys=hit_keys,
                 last_access=accessed,
                 last_used=max(last_used, accessed or 0.0),
+                evicted=evicted.get(ns, {}),
             )
         )
     held_total = sum(n.bytes_used for n in namespaces)

@@ -19,6 +19,8 @@ Tables:
   read lease of the entry that held it); `punched` 1 once its disk space was returned,
   2 while it is being given back (`meta/capacity.py`).
 - `pins`: (namespace, key) kept out of LRU eviction until `expires` (0 = no TTL).
+- `evictions`: keys and bytes evicted per namespace and reason (capacity, quota,
+  file_full, admin, corrupt), cumulative, for `stats` and Prometheus.
 - `changes`: an append-only log, written by triggers, of every (namespace, key) that
   gained (+1) or lost (-1) a committed rank. Each process's `CommittedIndex` replays it
   to keep an in-memory copy of the committed set for `lookup`; old rows are pruned.
@@ -97,6 +99,13 @@ CREATE TABLE IF NOT EXISTS free_pages (
     reusable_after REAL NOT NULL,
     punched INTEGER NOT NULL DEFAULT 0,
     PRIMARY KEY (namespace, rank, page)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS evictions (
+    namespace TEXT NOT NULL,
+    reason TEXT NOT NULL,
+    keys INTEGER NOT NULL DEFAULT 0,
+    bytes INTEGER NOT NULL DEFAULT 0,
+    PRIMARY KEY (namespace, reason)
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS pins (
     namespace TEXT NOT NULL,

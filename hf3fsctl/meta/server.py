@@ -1,6 +1,7 @@
 """The metadata HTTP service: `create_app(store)` (FastAPI, no globals) and `run_server`.
 
-Routes (bodies are the `*Request` models of `meta/models.py`; answers are JSON models):
+Routes (bodies are the `*Request` models of `meta/models.py`; answers are JSON models;
+`/openapi.json` documents every route with its request, answer and error statuses):
 
 | route | call |
 | --- | --- |
@@ -17,41 +18,57 @@ Routes (bodies are the `*Request` models of `meta/models.py`; answers are JSON m
 
 Auth: when a token is configured, every `/v1` route and `/metrics` need
 `Authorization: Bearer <token>` (the simplest rule that cannot leak a namespace's
-contents); `/healthz` stays open for load balancers.
+contents): one dependency (`BearerToken`, an `HTTPBearer`, so the schema declares it),
+checked before the body is looked at; `/healthz` stays open for load balancers.
+
+Limits, each in one place: a body over `max_body_bytes` is refused by the `BodyLimit`
+middleware before it is read; a batch over `max_batch` (the keys, items, allocations or
+namespaces of a body: `limited`; the `limit` of a listing: `listing_limit`) by a dependency.
 
 Errors are `ErrorResponse` JSON with the error class and a one-line reason:
 `InvalidRequest` 400 (a malformed body is 422), `AuthError` 401, `NotFound` 404,
 `NamespaceConflict` 409, body or batch too large 413, `MetadataUnavailable` 503 (the
-store stayed busy). Bad input never produces a 500.
+store stayed busy). Each route documents the statuses it can answer (`responses=`), and
+bad input never produces a 500.
+
+Bodies: `ModelBodyRoute` parses a JSON body straight into the route's request model with
+pydantic's Rust parser, strictly (what it accepts is what the schema says); the key lists
+are checked in one pass (`BlockKeys`), and the store does not check them again.
+
+Threads: the event loop never calls the store. Each route hands its store call, and the
+encoding of its answer, to a thread: reads (WAL snapshots: lookups, listings, `/healthz`)
+to a pool of reader threads, writes (which may wait up to the store's `busy_timeout_s`
+for the writer lock, held by another process) to a pool of writer threads. So `/healthz`
+and lookups answer while writes queue on the lock, however many do. An explicit executor
+(`run_in_executor`) costs less than FastAPI's thread pool for `def` routes (anyio):
+measured in this app, ~15 µs less CPU per call (a hop: ~35 µs against ~50 µs).
 
 This module imports FastAPI at the top: import it only where the service runs.
-
-Data path: lookup, locate, allocate, commit and release are answered by the lean ASGI
-layer of `meta/data_routes.py` (same bodies, answers, auth and errors; no FastAPI
-routing or encoding), on the event loop: each is a short SQLite transaction, the server
-is normally the database's only writer, and a thread-pool hop cost more than the call.
-Admin routes (stats, evict, entries, namespaces) are FastAPI `def`s in the thread pool,
-as they may scan the whole database; so is `invalidate`, called only when a load found
-corrupt pages.
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import hmac
 import json
 import logging
 import os
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, MutableMapping
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
-from fastapi import Depends, FastAPI, Request
+from fastapi import APIRouter, Depends, FastAPI, Query, Request
+from fastapi import Path as PathParam
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
-from pydantic import ValidationError
+from fastapi.routing import APIRoute
+from fastapi.security import HTTPBearer
+from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
+from starlette.exceptions import HTTPException
 
 from hf3fsctl.errors import (
     AuthError,
@@ -61,23 +78,38 @@ from hf3fsctl.errors import (
     NamespaceConflict,
     NotFound,
 )
-from hf3fsctl.meta.data_routes import BatchTooLarge, DataRoutes
 from hf3fsctl.meta.models import (
+    NAMESPACE_PATTERN,
+    SQL_INT_MAX,
+    AllocateRequest,
+    AllocateResult,
+    CapacityInfo,
+    CommitRequest,
     CountResponse,
     DropNamespacesRequest,
+    DropNamespacesResult,
+    EntryInfo,
     ErrorResponse,
     EvictRequest,
+    EvictResult,
     InvalidateRequest,
+    LocateRequest,
+    LocateResponse,
+    LookupRequest,
+    LookupResponse,
+    NamespaceInfo,
+    PinInfo,
     PinRequest,
+    PinResult,
     RegisterNamespaceRequest,
     RegisterRankRequest,
+    ReleaseRequest,
     SetCapacityRequest,
+    StoreStats,
     UnpinRequest,
 )
 
 if TYPE_CHECKING:
-    from pydantic import BaseModel
-
     from hf3fsctl.meta.policy import StorePolicy
     from hf3fsctl.meta.store import MetadataStore
 
@@ -90,19 +122,147 @@ STATUS_OF_ERROR: dict[type[Hf3fsctlError], int] = {
     NamespaceConflict: 409,
     MetadataUnavailable: 503,
 }
+_NAME_OF_STATUS = {s: t.__name__ for t, s in STATUS_OF_ERROR.items()}
+_DESCRIPTIONS = {
+    400: "InvalidRequest: the request is well-formed but not acceptable",
+    401: "AuthError: missing or wrong bearer token",
+    404: "NotFound: no such namespace, rank file or route",
+    409: "NamespaceConflict: registered before with another manifest or rank file",
+    413: "InvalidRequest: body larger than max_body_bytes, or a batch larger than max_batch",
+    422: "InvalidRequest: the body or a parameter does not match the schema",
+    503: "MetadataUnavailable: the store stayed busy or cannot be written",
+}
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+M = TypeVar("M", bound=BaseModel)
+
+_JSON = "application/json"
+READ_THREADS = 8  # lookups, listings, /healthz: WAL reads, in parallel
+# write transactions run one at a time anyway (the store's writer lock); one thread keeps
+# one SQLite connection's page cache warm (4 threads taking turns: ~8% slower writes)
+WRITE_THREADS = 1
+_NAMESPACES = TypeAdapter(list[NamespaceInfo])
+_ENTRIES = TypeAdapter(list[EntryInfo])
+_PINS = TypeAdapter(list[PinInfo])
+
+NamespacePath = Annotated[str, PathParam(pattern=NAMESPACE_PATTERN)]
+NamespaceQuery = Annotated[str | None, Query(pattern=NAMESPACE_PATTERN)]
+Offset = Annotated[int, Query(ge=0, le=SQL_INT_MAX)]
 
 
-_JSON_HEADERS = [(b"content-type", b"application/json")]
+class _ModelBodyRequest(Request):
+    """A request whose JSON body is parsed straight into its route's model (`parse`)."""
+
+    parsed: BaseModel | None = None  # the body, as the route's model
+    errors: list[Any] | None = None  # why it is not one: the validation errors, located
+
+    async def parse(self, model: type[BaseModel]) -> None:
+        """Parse and validate a JSON body into `model` in one pass, strictly.
+
+        Pydantic's Rust parser validates while it parses (one pass where `json.loads`
+        then validation took two: ~0.05 ms less for 1,000 keys), and strictly, so that
+        what it accepts is what the schema says (no `"1"` for 1, no `1` for true). A body
+        that is not valid JSON, or not a valid `model`, leaves its reasons in `errors`.
+        """
+        media_type = self.headers.get("content-type", "").partition(";")[0].strip().lower()
+        json_body = media_type == _JSON or (
+            media_type.startswith("application/") and media_type.endswith("+json")
+        )
+        body = await self.body()
+        if not (body and json_body):
+            return  # FastAPI answers a missing or non-JSON body as it always does
+        try:
+            self.parsed = model.model_validate_json(body, strict=True)
+        except ValidationError as exc:
+            self.errors = [{**error, "loc": ("body", *error["loc"])} for error in exc.errors()]
+
+    async def json(self) -> Any:
+        if self.parsed is None and self.errors is None:
+            return await super().json()
+        return self.parsed  # None for an invalid body: FastAPI reports it after auth
+
+
+class ModelBodyRoute(APIRoute):
+    """An `APIRoute` whose body `_ModelBodyRequest` parses into the route's model.
+
+    Nothing else changes: FastAPI takes the model from the route, documents it, checks
+    the token before it looks at the body (a request without the token is a 401 whatever
+    its body), and passes the parsed model on; an invalid body's 422 reports the errors
+    of the strict parse.
+    """
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+        model = self.body_field.field_info.annotation if self.body_field is not None else None
+        if not (isinstance(model, type) and issubclass(model, BaseModel)):
+            return handler
+
+        async def parse_into_model(request: Request) -> Response:
+            parsed = _ModelBodyRequest(request.scope, request.receive)
+            await parsed.parse(model)
+            try:
+                return await handler(parsed)
+            except RequestValidationError:
+                if parsed.errors is None:
+                    raise
+                raise RequestValidationError(parsed.errors) from None
+
+        return parse_into_model
+
+
+class BearerToken(HTTPBearer):
+    """The auth dependency: `AuthError` (401) unless `Authorization: Bearer <token>`.
+
+    An `HTTPBearer`, so that `/openapi.json` declares the scheme on every route that needs it.
+    """
+
+    def __init__(self, token: str) -> None:
+        super().__init__(auto_error=False, description="the token of `serve --token-file`")
+        self.expected = f"Bearer {token}".encode()
+
+    async def __call__(self, request: Request) -> None:
+        given = request.headers.get("authorization", "").encode()
+        if not hmac.compare_digest(given, self.expected):
+            raise AuthError("missing or wrong bearer token")
+
+
+class BatchTooLarge(InvalidRequest):
+    """A request carries more keys or items than `max_batch` (413)."""
+
+
+class Health(BaseModel):
+    """The answer of `/healthz`."""
+
+    model_config = ConfigDict(extra="allow")
+
+    status: str  # "ok"
+    store: str  # the store's kind, "sqlite"
+    namespaces: int  # registered namespaces
 
 
 def _error_body(error: str, detail: str) -> bytes:
     return ErrorResponse(error=error, detail=detail).model_dump_json().encode()
+
+
+def _json(content: bytes | str) -> Response:
+    return Response(content, media_type=_JSON)
+
+
+def _reply(model: BaseModel) -> Response:
+    return Response(model.__pydantic_serializer__.to_json(model), media_type=_JSON)
+
+
+def _count(count: int) -> Response:
+    return Response(b'{"count":%d}' % count, media_type=_JSON)
+
+
+def _batch_size(body: BaseModel) -> int:
+    """The keys, items, allocations or namespaces a body carries (its list fields)."""
+    return sum(len(value) for value in body.__dict__.values() if isinstance(value, list))
 
 
 class BodyLimit:
@@ -169,120 +329,257 @@ def create_app(
     from hf3fsctl.meta.metrics import ServerMetrics
 
     metrics = ServerMetrics(store)
-    expected = f"Bearer {token}".encode() if token else None
 
-    async def require_token(request: Request) -> None:
-        if expected is None:
-            return
-        given = request.headers.get("authorization", "").encode()
-        if not hmac.compare_digest(given, expected):
-            raise AuthError("missing or wrong bearer token")
+    # --- auth and limits: each in one place ------------------------------------------
+
+    auth = [Depends(BearerToken(token))] if token else []
 
     def check_batch(size: int) -> None:
         if size > max_batch:
             raise BatchTooLarge(f"batch of {size} exceeds the limit of {max_batch}")
 
-    def reply(model: BaseModel) -> Response:
-        return Response(model.model_dump_json(), media_type="application/json")
+    def limited(model: type[M]) -> Any:
+        """The validated `model` body, refused (413) when it carries more than `max_batch`."""
 
-    def reply_dict(data: dict[str, Any]) -> Response:
-        return Response(json.dumps(data, separators=(",", ":")), media_type="application/json")
+        async def body_of(body: BaseModel) -> BaseModel:
+            check_batch(_batch_size(body))
+            return body
 
-    def reply_list(models: list[Any]) -> Response:
-        body = "[" + ",".join(m.model_dump_json() for m in models) + "]"
-        return Response(body, media_type="application/json")
+        body_of.__annotations__["body"] = model  # FastAPI reads the body's model here
+        return Depends(body_of)
 
-    app = FastAPI(title="hf3fsctl metadata", version="1", docs_url=None, redoc_url=None)
-    auth = [Depends(require_token)]
+    def listing_limit(default: int) -> Any:
+        """A listing's `limit` query parameter, refused (413) above `max_batch`."""
+
+        async def limit_of(
+            limit: int = Query(min(default, max_batch), ge=0, le=SQL_INT_MAX),
+        ) -> int:
+            check_batch(limit)
+            return limit
+
+        return Depends(limit_of)
+
+    def documented(
+        *statuses: int, store_call: bool = True, authed: bool = True
+    ) -> dict[int | str, Any]:
+        """`responses=` of a route: its error statuses, each an `ErrorResponse`."""
+        codes = {*statuses, 413}
+        if store_call:
+            codes.add(503)
+        if token and authed:
+            codes.add(401)
+        return {
+            code: {"model": ErrorResponse, "description": _DESCRIPTIONS[code]}
+            for code in sorted(codes)
+        }
+
+    # --- threads: the loop never waits on SQLite or on the writer lock ----------------
+
+    readers = ThreadPoolExecutor(READ_THREADS, thread_name_prefix="hf3fsctl-read")
+    writers = ThreadPoolExecutor(WRITE_THREADS, thread_name_prefix="hf3fsctl-write")
+
+    async def read(answer: Callable[[], Response]) -> Response:
+        """`answer()` (store reads: WAL snapshots, never the writer lock) in a reader thread."""
+        return await asyncio.get_running_loop().run_in_executor(readers, answer)
+
+    async def write(answer: Callable[[], Response]) -> Response:
+        """`answer()` (a write transaction: may wait for the writer lock) in a writer thread."""
+        return await asyncio.get_running_loop().run_in_executor(writers, answer)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        yield
+        readers.shutdown(cancel_futures=True)  # the store is closed after this
+        writers.shutdown(cancel_futures=True)
+
+    app = FastAPI(
+        title="hf3fsctl metadata",
+        version="1",
+        docs_url=None,
+        redoc_url=None,
+        lifespan=lifespan,
+    )
+    v1 = APIRouter(prefix="/v1", dependencies=auth, route_class=ModelBodyRoute)
 
     @app.exception_handler(Hf3fsctlError)
     async def typed_error(request: Request, exc: Hf3fsctlError) -> Response:
-        return _error_response(exc)
+        return error_response(exc)
 
     @app.exception_handler(RequestValidationError)
     async def invalid_body(request: Request, exc: RequestValidationError) -> Response:
-        return _error_response(exc)
+        return error_response(exc)
 
-    @app.get("/healthz")
-    def healthz() -> Response:
-        return reply_dict(store.health())
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, exc: HTTPException) -> Response:
+        return error_response(exc)
 
-    @app.get("/metrics", dependencies=auth)
-    def prometheus() -> Response:
-        body, content_type = metrics.render()
-        return Response(body, media_type=content_type)
+    # --- data path -------------------------------------------------------------------
 
-    @app.post("/v1/namespaces", dependencies=auth)
-    def register_namespace(body: RegisterNamespaceRequest) -> Response:
-        return reply(store.register_namespace(body.namespace, body.manifest))
+    @v1.post("/lookup", response_model=LookupResponse, responses=documented(400, 404, 422))
+    async def lookup(body: LookupRequest = limited(LookupRequest)) -> Response:
+        """Number of leading keys committed on every rank of the namespace."""
+        return await read(lambda: _json(b'{"hits":%d}' % store.lookup(body.namespace, body.keys)))
 
-    @app.get("/v1/namespaces", dependencies=auth)
-    def list_namespaces() -> Response:
-        return reply_list(store.namespaces())
+    @v1.post("/locate", response_model=LocateResponse, responses=documented(400, 404, 422))
+    async def locate(body: LocateRequest = limited(LocateRequest)) -> Response:
+        """Where each key's page is on the rank (null if absent), with a read lease."""
+        return await write(
+            lambda: _reply(
+                LocateResponse.model_construct(
+                    locations=store.locate(body.namespace, body.rank, body.keys)
+                )
+            )
+        )
 
-    @app.get("/v1/namespaces/{namespace}", dependencies=auth)
-    def get_namespace(namespace: str) -> Response:
-        return reply(store.get_namespace(namespace))
+    @v1.post("/allocate", response_model=AllocateResult, responses=documented(400, 404, 422))
+    async def allocate(body: AllocateRequest = limited(AllocateRequest)) -> Response:
+        """Pages for keys not yet stored on the rank (may evict LRU keys)."""
+        return await write(
+            lambda: _reply(store.allocate(body.namespace, body.rank, body.keys, body.first_depth))
+        )
 
-    @app.post("/v1/ranks", dependencies=auth)
-    def register_rank(body: RegisterRankRequest) -> Response:
-        return reply(store.register_rank(body.namespace, body.rank_file))
+    @v1.post("/commit", response_model=CountResponse, responses=documented(400, 404, 422))
+    async def commit(body: CommitRequest = limited(CommitRequest)) -> Response:
+        """Pending → committed for the exact (key, page) pairs; answers how many."""
+        return await write(lambda: _count(store.commit(body.namespace, body.rank, body.items)))
 
-    @app.post("/v1/invalidate", dependencies=auth)
-    def invalidate(body: InvalidateRequest) -> Response:
-        check_batch(len(body.items))
-        return reply(CountResponse(count=store.invalidate(body.namespace, body.rank, body.items)))
+    @v1.post("/release", response_model=CountResponse, responses=documented(400, 404, 422))
+    async def release(body: ReleaseRequest = limited(ReleaseRequest)) -> Response:
+        """Give back pending allocations (exact (key, page) pairs); answers how many."""
+        return await write(
+            lambda: _count(store.release(body.namespace, body.rank, body.allocations))
+        )
 
-    @app.post("/v1/evict", dependencies=auth)
-    def evict(body: EvictRequest) -> Response:
-        return reply(store.evict(body))
+    @v1.post("/invalidate", response_model=CountResponse, responses=documented(400, 404, 422))
+    async def invalidate(body: InvalidateRequest = limited(InvalidateRequest)) -> Response:
+        """Drop keys whose committed page a reader found corrupt; answers how many."""
+        return await write(lambda: _count(store.invalidate(body.namespace, body.rank, body.items)))
 
-    @app.get("/v1/stats", dependencies=auth)
-    def stats() -> Response:
-        return reply(store.stats())
+    # --- namespaces ------------------------------------------------------------------
 
-    @app.get("/v1/capacity", dependencies=auth)
-    def get_capacity() -> Response:
-        return reply(store.capacity())
+    @v1.post("/namespaces", response_model=NamespaceInfo, responses=documented(400, 409, 422))
+    async def register_namespace(
+        body: RegisterNamespaceRequest = limited(RegisterNamespaceRequest),
+    ) -> Response:
+        """Create a namespace, or return it if identical."""
+        return await write(lambda: _reply(store.register_namespace(body.namespace, body.manifest)))
 
-    @app.put("/v1/capacity", dependencies=auth)
-    def set_capacity(body: SetCapacityRequest) -> Response:
-        return reply(store.set_capacity(body.capacity_bytes))
+    @v1.get("/namespaces", response_model=list[NamespaceInfo], responses=documented())
+    async def list_namespaces() -> Response:
+        """Every registered namespace, oldest first."""
+        return await read(lambda: _json(_NAMESPACES.dump_json(store.namespaces())))
 
-    @app.post("/v1/pins", dependencies=auth)
-    def pin(body: PinRequest) -> Response:
-        check_batch(len(body.keys))
-        return reply(store.pin(body.namespace, body.keys, body.ttl_s))
+    @v1.get("/namespaces/{namespace}", response_model=NamespaceInfo, responses=documented(404, 422))
+    async def get_namespace(namespace: NamespacePath) -> Response:
+        """One namespace and its registered rank files."""
+        return await read(lambda: _reply(store.get_namespace(namespace)))
 
-    @app.post("/v1/unpin", dependencies=auth)
-    def unpin(body: UnpinRequest) -> Response:
-        check_batch(len(body.keys or ()))
-        return reply(CountResponse(count=store.unpin(body.namespace, body.keys)))
-
-    @app.get("/v1/pins", dependencies=auth)
-    def list_pins(namespace: str | None = None, limit: int = 1000) -> Response:
-        check_batch(limit)
-        return reply_list(store.list_pins(namespace, limit))
-
-    @app.post("/v1/namespaces/drop", dependencies=auth)
-    def drop_namespaces(body: DropNamespacesRequest) -> Response:
-        return reply(store.drop_namespaces(body.namespaces, dry_run=body.dry_run))
-
-    @app.get("/v1/entries", dependencies=auth)
-    def entries(namespace: str | None = None, limit: int = 100, offset: int = 0) -> Response:
-        check_batch(limit)
-        return reply_list(store.list_entries(namespace, limit, offset))
-
-    app.add_middleware(
-        DataRoutes, store=store, token=token, max_batch=max_batch, error_reply=error_reply
+    @v1.post(
+        "/namespaces/drop",
+        response_model=DropNamespacesResult,
+        responses=documented(400, 404, 422),
     )
+    async def drop_namespaces(
+        body: DropNamespacesRequest = limited(DropNamespacesRequest),
+    ) -> Response:
+        """Remove namespaces' metadata (the page files are the caller's to remove)."""
+        return await write(
+            lambda: _reply(store.drop_namespaces(body.namespaces, dry_run=body.dry_run))
+        )
+
+    @v1.post("/ranks", response_model=NamespaceInfo, responses=documented(400, 404, 409, 422))
+    async def register_rank(body: RegisterRankRequest = limited(RegisterRankRequest)) -> Response:
+        """Record one rank's page file, or return the namespace if identical."""
+        return await write(lambda: _reply(store.register_rank(body.namespace, body.rank_file)))
+
+    # --- admin -----------------------------------------------------------------------
+
+    @v1.post("/evict", response_model=EvictResult, responses=documented(400, 404, 422))
+    async def evict(body: EvictRequest = limited(EvictRequest)) -> Response:
+        """Evict committed keys (all ranks at once) by the request's criteria."""
+        return await write(lambda: _reply(store.evict(body)))
+
+    @v1.get("/stats", response_model=StoreStats, responses=documented())
+    async def stats() -> Response:
+        """Usage and traffic of every namespace and of the whole store."""
+        return await read(lambda: _reply(store.stats()))
+
+    @v1.get("/entries", response_model=list[EntryInfo], responses=documented(400, 422))
+    async def entries(
+        namespace: NamespaceQuery = None,
+        limit: int = listing_limit(100),
+        offset: Offset = 0,
+    ) -> Response:
+        """Entries (one per key and rank), most recently used first."""
+        return await read(
+            lambda: _json(_ENTRIES.dump_json(store.list_entries(namespace, limit, offset)))
+        )
+
+    @v1.get("/capacity", response_model=CapacityInfo, responses=documented())
+    async def get_capacity() -> Response:
+        """The recorded capacity and the bytes the page files hold."""
+        return await read(lambda: _reply(store.capacity()))
+
+    @v1.put("/capacity", response_model=CapacityInfo, responses=documented(400, 422))
+    async def set_capacity(body: SetCapacityRequest = limited(SetCapacityRequest)) -> Response:
+        """Record the store's capacity (every process enforces the recorded value)."""
+        return await write(lambda: _reply(store.set_capacity(body.capacity_bytes)))
+
+    @v1.post("/pins", response_model=PinResult, responses=documented(400, 404, 422))
+    async def pin(body: PinRequest = limited(PinRequest)) -> Response:
+        """Keep keys out of LRU eviction (for `ttl_s`, or until unpinned)."""
+        return await write(lambda: _reply(store.pin(body.namespace, body.keys, body.ttl_s)))
+
+    @v1.post("/unpin", response_model=CountResponse, responses=documented(400, 422))
+    async def unpin(body: UnpinRequest = limited(UnpinRequest)) -> Response:
+        """Drop pins of the keys (all of the namespace's when `keys` is null)."""
+        return await write(lambda: _count(store.unpin(body.namespace, body.keys)))
+
+    @v1.get("/pins", response_model=list[PinInfo], responses=documented(400, 422))
+    async def list_pins(
+        namespace: NamespaceQuery = None, limit: int = listing_limit(1000)
+    ) -> Response:
+        """Live pins, newest first."""
+        return await read(lambda: _json(_PINS.dump_json(store.list_pins(namespace, limit))))
+
+    # --- service ---------------------------------------------------------------------
+
+    app.include_router(v1)  # first: the data path is matched before the rest
+
+    @app.get("/healthz", response_model=Health, responses=documented(authed=False))
+    async def healthz() -> Response:
+        """Liveness: the database answers a query (never needs the token)."""
+        return await read(lambda: _json(json.dumps(store.health(), separators=(",", ":"))))
+
+    @app.get(
+        "/metrics",
+        dependencies=auth,
+        response_class=Response,
+        responses={
+            200: {
+                "description": "Prometheus exposition text",
+                "content": {"text/plain": {"schema": {"type": "string"}}},
+            },
+            **documented(store_call=False),
+        },
+    )
+    async def prometheus() -> Response:
+        """Requests and latency by route, store gauges (read from the store per scrape)."""
+
+        def render() -> Response:
+            body, content_type = metrics.render()
+            return Response(body, media_type=content_type)
+
+        return await read(render)
+
     app.add_middleware(BodyLimit, max_body_bytes=max_body_bytes)
     app.add_middleware(metrics.middleware)
     return app
 
 
-def error_reply(exc: Exception) -> tuple[int, bytes, list[tuple[bytes, bytes]]]:
-    """Status, `ErrorResponse` body and headers of a typed or validation error."""
+def error_response(exc: Exception) -> Response:
+    """The `ErrorResponse` of a typed error, a validation error or an HTTP error."""
+    headers: dict[str, str] = {}
     if isinstance(exc, (RequestValidationError, ValidationError)):
         errors = exc.errors()
         first = errors[0] if errors else {}
@@ -292,22 +589,21 @@ def error_reply(exc: Exception) -> tuple[int, bytes, list[tuple[bytes, bytes]]]:
             detail = f"body is not valid JSON ({first.get('ctx', {}).get('error', 'decode error')})"
         if len(errors) > 1:
             detail += f" (and {len(errors) - 1} more)"
-        return 422, _error_body("InvalidRequest", detail), _JSON_HEADERS
-    if not isinstance(exc, Hf3fsctlError):
-        raise TypeError(f"no error reply for {type(exc).__name__}")
-    status = next((s for t, s in STATUS_OF_ERROR.items() if isinstance(exc, t)), 400)
-    name = type(exc).__name__
-    if isinstance(exc, BatchTooLarge):
-        status, name = 413, "InvalidRequest"
-    headers = list(_JSON_HEADERS)
+        status, name = 422, "InvalidRequest"
+    elif isinstance(exc, HTTPException):  # routing (404, 405) and body decoding (400)
+        status, detail = exc.status_code, str(exc.detail)
+        name = _NAME_OF_STATUS.get(status, "InvalidRequest")
+        headers = dict(exc.headers or {})
+    elif isinstance(exc, Hf3fsctlError):
+        status = next((s for t, s in STATUS_OF_ERROR.items() if isinstance(exc, t)), 400)
+        name, detail = type(exc).__name__, exc.message
+        if isinstance(exc, BatchTooLarge):
+            status, name = 413, "InvalidRequest"
+    else:
+        raise TypeError(f"no error response for {type(exc).__name__}")
     if status == 401:
-        headers.append((b"www-authenticate", b"Bearer"))
-    return status, _error_body(name, exc.message), headers
-
-
-def _error_response(exc: Exception) -> Response:
-    status, body, headers = error_reply(exc)
-    return Response(body, status, {k.decode(): v.decode() for k, v in headers})
+        headers["www-authenticate"] = "Bearer"
+    return Response(_error_body(name, detail), status, headers, media_type=_JSON)
 
 
 def store_path(store_path_or_url: str) -> str:

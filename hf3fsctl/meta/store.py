@@ -48,7 +48,7 @@ from typing import Any, TypeVar
 from pydantic import TypeAdapter
 
 from hf3fsctl.errors import InvalidRequest, MetadataUnavailable, NotFound
-from hf3fsctl.keys import check_key, check_namespace_id
+from hf3fsctl.keys import check_keys, check_namespace_id
 from hf3fsctl.meta import capacity as room
 from hf3fsctl.meta import namespaces, pins, schema
 from hf3fsctl.meta.checkpointer import WalCheckpointer
@@ -63,6 +63,7 @@ from hf3fsctl.meta.models import (
     AllocateResult,
     Allocation,
     CapacityInfo,
+    CheckedKeys,
     CommitItem,
     DropNamespacesResult,
     EntryInfo,
@@ -85,26 +86,15 @@ logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 _LOCATIONS = TypeAdapter(list[Location | None])
+_ALLOCATE_RESULT = TypeAdapter(AllocateResult)
 _CHUNK = 500  # keys per SQL statement (well under SQLite's variable limit)
 _FLUSH_INTERVAL_S = 1.0
 
 
-_HEX_DIGITS = b"0123456789abcdef"
-
-
-def check_keys(keys: Sequence[str]) -> None:
-    """Validate a batch of block keys at C speed; `InvalidRequest` names the first bad one."""
-    if not keys:
-        return
-    try:
-        joined = "".join(keys).encode("ascii")
-        lengths = set(map(len, keys))
-        if min(lengths) >= 16 and max(lengths) <= 128 and not joined.translate(None, _HEX_DIGITS):
-            return
-    except (TypeError, UnicodeEncodeError):
-        pass
-    for key in keys:
-        check_key(key)
+def _require_keys(keys: Sequence[str]) -> None:
+    """`check_keys`, unless a request model already did (`CheckedKeys`)."""
+    if not isinstance(keys, CheckedKeys):
+        check_keys(keys)
 
 
 def sqlite_path(url: str) -> str:
@@ -557,14 +547,13 @@ class MetadataStore:
 
     # --- data path ---------------------------------------------------------------------
 
-    def lookup(self, namespace: str, keys: Sequence[str], *, keys_checked: bool = False) -> int:
+    def lookup(self, namespace: str, keys: Sequence[str]) -> int:
         """Number of leading `keys` committed on every rank of the namespace.
 
-        `keys_checked=True` (on this and the other data-path calls) skips `check_keys`
-        for a caller that already ran it (the server validates whole bodies).
+        Keys are checked (`check_keys`) on this and the other data-path calls, except
+        `CheckedKeys`, which a request model already checked (the server's bodies).
         """
-        if not keys_checked:
-            check_keys(keys)
+        _require_keys(keys)
         with self._read() as conn:
             num_ranks = self._ranks_of(conn, namespace)
             hits = self._index.leading_hits(conn, namespace, keys, num_ranks)
@@ -583,22 +572,22 @@ class MetadataStore:
 
     def locate(self, namespace: str, rank: int, keys: Sequence[str]) -> list[Location | None]:
         """Committed locations of `keys` on `rank` (None if absent), with a read lease."""
-        rows = self.locate_rows(namespace, rank, keys)
+        _require_keys(keys)
+        found = self._locate(namespace, rank, keys)
         return _LOCATIONS.validate_python(
             [
                 None
                 if row is None
-                else {"key": k, "page": row[0], "checksum": row[1], "size": row[2]}
-                for k, row in zip(keys, rows, strict=True)
+                else {"key": key, "page": row[0], "checksum": row[1], "size": row[2]}
+                for key in keys
+                for row in (found.get(key),)
             ]
         )
 
-    def locate_rows(
-        self, namespace: str, rank: int, keys: Sequence[str], *, keys_checked: bool = False
-    ) -> list[tuple[int, str, int] | None]:
-        """`locate` as plain `(page, checksum, size)` tuples (the server's fast path)."""
-        if not keys_checked:
-            check_keys(keys)
+    def _locate(
+        self, namespace: str, rank: int, keys: Sequence[str]
+    ) -> dict[str, tuple[int, str, int]]:
+        """`(page, checksum, size)` of each committed key of `keys`; takes the leases."""
         now = time.time()
         found: dict[str, tuple[int, str, int]] = {}
         with self._write() as conn:
@@ -624,31 +613,28 @@ class MetadataStore:
                     "UPDATE namespaces SET hits = hits + ?, last_used = ? WHERE id = ?",
                     (len(found), now, namespace),
                 )
-        return [found.get(key) for key in keys]
+        return found
 
     def allocate(
         self, namespace: str, rank: int, keys: Sequence[str], first_depth: int = 0
     ) -> AllocateResult:
         """Pages for keys not yet stored on `rank`; may evict LRU keys above the watermark."""
-        allocated, existing, no_space = self.allocate_rows(namespace, rank, keys, first_depth)
-        return AllocateResult.model_construct(
-            allocated=[Allocation.model_construct(key=k, page=p) for k, p in allocated],
-            existing=existing,
-            no_space=no_space,
+        _require_keys(keys)
+        allocated, existing, no_space = self._allocate(namespace, rank, keys, first_depth)
+        return _ALLOCATE_RESULT.validate_python(
+            {
+                "allocated": [{"key": key, "page": page} for key, page in allocated],
+                "existing": existing,
+                "no_space": no_space,
+            }
         )
 
-    def allocate_rows(
-        self,
-        namespace: str,
-        rank: int,
-        keys: Sequence[str],
-        first_depth: int = 0,
-        *,
-        keys_checked: bool = False,
+    def _allocate(
+        self, namespace: str, rank: int, keys: Sequence[str], first_depth: int
     ) -> tuple[list[tuple[str, int]], list[str], list[str]]:
-        """`allocate` as plain `([(key, page)], existing, no_space)` (the server's path)."""
-        if not keys_checked:
-            check_keys(keys)
+        """`allocate` as `([(key, page)], existing, no_space)`, in up to two transactions
+        (`_allocate_once`): the second asks again for the keys the first found no space
+        for, once the room the first made is settled."""
         if first_depth < 0:
             raise InvalidRequest(f"first_depth must be >= 0, got {first_depth}")
         now = time.time()
@@ -746,21 +732,10 @@ class MetadataStore:
         return marked, new_keys[len(pages) :]
 
     def commit(self, namespace: str, rank: int, items: Sequence[CommitItem]) -> int:
-        """Pending → committed for the exact (key, page) pairs; returns how many."""
-        rows = [(item.key, item.page, item.checksum, item.size) for item in items]
-        return self.commit_rows(namespace, rank, rows)
+        """Pending → committed for the exact (key, page) pairs; returns how many.
 
-    def commit_rows(
-        self,
-        namespace: str,
-        rank: int,
-        items: Sequence[tuple[str, int, str, int]],
-        *,
-        keys_checked: bool = False,
-    ) -> int:
-        """`commit` of plain `(key, page, checksum, size)` tuples (the server's path)."""
-        if not keys_checked:
-            check_keys([item[0] for item in items])
+        `items` are validated models (their keys were checked when they were built).
+        """
         if not items:
             return 0
         now = time.time()
@@ -771,8 +746,8 @@ class MetadataStore:
                 " last_access = ? WHERE namespace = ? AND rank = ? AND page = ? AND key = ?"
                 " AND state = 0",
                 [
-                    (checksum, size, now, namespace, rank, page, key)
-                    for key, page, checksum, size in items
+                    (item.checksum, item.size, now, namespace, rank, item.page, item.key)
+                    for item in items
                 ],
             )
             self._commits += 1
@@ -781,28 +756,17 @@ class MetadataStore:
             return max(cursor.rowcount, 0)
 
     def release(self, namespace: str, rank: int, allocations: Sequence[Allocation]) -> int:
-        """Give back pending allocations (exact (key, page) pairs); returns how many."""
-        pairs = [(allocation.key, allocation.page) for allocation in allocations]
-        return self.release_rows(namespace, rank, pairs)
+        """Give back pending allocations (exact (key, page) pairs); returns how many.
 
-    def release_rows(
-        self,
-        namespace: str,
-        rank: int,
-        allocations: Sequence[tuple[str, int]],
-        *,
-        keys_checked: bool = False,
-    ) -> int:
-        """`release` of plain `(key, page)` pairs (the server's path)."""
-        if not keys_checked:
-            check_keys([key for key, _ in allocations])
+        `allocations` are validated models (their keys were checked when they were built).
+        """
         if not allocations:
             return 0
         now = time.time()
         released = 0
         with self._write() as conn:
             self._rank_file(conn, namespace, rank)
-            for key, page in allocations:
+            for key, page in ((a.key, a.page) for a in allocations):
                 cursor = conn.execute(
                     "DELETE FROM entries WHERE namespace = ? AND rank = ? AND page = ?"
                     " AND key = ? AND state = 0",

@@ -223,3 +223,34 @@ def test_invalid_json_is_422(client: TestClient) -> None:
 def test_open_app_needs_no_token(tmp_path: Path) -> None:
     with TestClient(create_app(MetadataStore(tmp_path / "m.db"))) as client:
         assert client.get("/v1/namespaces").status_code == 200
+
+
+def test_body_is_parsed_strictly(client: TestClient) -> None:
+    ns = _register(client)
+    body = {"namespace": ns, "rank": "0", "keys": keys(1)}  # the schema says integer
+    response = client.post("/v1/locate", json=body, headers=AUTH)
+    assert (response.status_code, "rank" in response.json()["detail"]) == (422, True)
+
+
+def test_commit_batch_too_large_is_413(client: TestClient) -> None:
+    ns = _register(client)
+    items = [{"key": k, "page": i, "checksum": "ab", "size": 1} for i, k in enumerate(keys(51))]
+    response = client.post(
+        "/v1/commit", json={"namespace": ns, "rank": 0, "items": items}, headers=AUTH
+    )
+    assert (response.status_code, response.json()["error"]) == (413, "InvalidRequest")
+
+
+def test_listing_limit_over_max_batch_is_413_and_the_default_fits(client: TestClient) -> None:
+    too_many = client.get("/v1/entries", params={"limit": 51}, headers=AUTH)
+    assert (too_many.status_code, client.get("/v1/entries", headers=AUTH).status_code) == (413, 200)
+
+
+def test_malformed_namespace_in_the_path_is_422(client: TestClient) -> None:
+    response = client.get("/v1/namespaces/NOT-A-NAMESPACE", headers=AUTH)
+    assert (response.status_code, "namespace" in response.json()["detail"]) == (422, True)
+
+
+def test_unknown_route_is_an_error_response(client: TestClient) -> None:
+    response = client.post("/v1/nope", json={}, headers=AUTH)
+    assert (response.status_code, response.json()["error"]) == (404, "NotFound")
