@@ -563,12 +563,29 @@ class MetadataStore:
             counter[1] += len(keys)
             counter[2] += hits
             due = time.monotonic() - self._last_flush > _FLUSH_INTERVAL_S
-        if due and not self._writer.held_elsewhere():
-            try:
-                self.flush()
-            except MetadataUnavailable:
-                pass  # counters stay in memory for the next write
+        if due:
+            self._flush_if_free()
         return hits
+
+    def _flush_if_free(self) -> None:
+        """Write the lookup counters if no writer holds the database now; never waits.
+
+        A lookup must not wait for writers (the server answers lookups on its event loop):
+        when the lock is taken the counters stay in memory for the next write.
+        """
+        with self._writer.try_hold() as got:
+            if not got:
+                return
+            conn = self._conn()
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+            except sqlite3.OperationalError:  # a writer outside our lock (sqlite3 shell)
+                return
+            try:
+                self._flush_counters(conn)
+                conn.execute("COMMIT")
+            except sqlite3.Error:
+                conn.execute("ROLLBACK")
 
     def locate(self, namespace: str, rank: int, keys: Sequence[str]) -> list[Location | None]:
         """Committed locations of `keys` on `rank` (None if absent), with a read lease."""

@@ -61,6 +61,26 @@ class WriterLock:
         finally:
             self._mutex.release()
 
+    @contextmanager
+    def try_hold(self) -> Iterator[bool]:
+        """Hold the lock for the block only if it is free now; never waits, no helper thread."""
+        if not self._mutex.acquire(blocking=False):
+            yield False
+            return
+        try:
+            fd = self._descriptor()
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                yield False
+                return
+            try:
+                yield True
+            finally:
+                fcntl.flock(fd, fcntl.LOCK_UN)
+        finally:
+            self._mutex.release()
+
     def held_elsewhere(self) -> bool:
         """Whether another thread of this process is inside `hold` (a cheap hint)."""
         return self._mutex.locked()

@@ -59,3 +59,21 @@ def test_waiting_writer_proceeds_promptly_after_release(tmp_path: Path) -> None:
     # It waited for the holder, and was woken by the release — not by its 5 s timeout
     # (a wide margin: a loaded 2-core machine delays wake-ups, never by seconds).
     assert 0.2 < waited < 3.0
+
+
+def test_a_lookup_never_waits_for_a_held_writer_lock(tmp_path: Path) -> None:
+    # The server answers lookups on its event loop: a lookup whose counter flush is due
+    # while another process holds the writer lock skips the flush instead of waiting.
+    store = MetadataStore(tmp_path / "m.db", busy_timeout_s=5)
+    ns = register(store)
+    store.lookup(ns, keys(3))
+    time.sleep(1.1)  # the next lookup's counter flush is due
+    holder = hold_lock(tmp_path / "m.db", 5)
+    try:
+        started = time.monotonic()
+        store.lookup(ns, keys(3))
+        assert time.monotonic() - started < 2.0  # not the holder's 5 s, nor the busy timeout
+    finally:
+        holder.kill()
+        holder.wait()
+    assert store.namespace_stats(ns).lookups == 2  # the skipped flush is written later
