@@ -8,20 +8,34 @@ The file is found by `find_config_file`: an explicit path, else `$HF3FSCTL_CONFI
 `./hf3fs.yaml`, else `$XDG_CONFIG_HOME/hf3fsctl/config.yaml` (`~/.config/...`), else
 `/etc/hf3fsctl/config.yaml`, else none (the packaged defaults).
 
-Every bad value raises `ConfigError` naming the key, the value and the fix. Sizes accept
+The schema is frozen pydantic models, one per section (`StorageConfig`, …), that forbid
+unknown keys. Every bad value raises `ConfigError` naming the key, the value and the fix. Sizes accept
 plain bytes or units (`64GiB`, `512MiB`, `4k`); durations are seconds.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import difflib
 import os
 import re
+import types
+import typing
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar, Literal, NoReturn
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ModelWrapValidatorHandler,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+from pydantic.fields import FieldInfo
 
 from hf3fsctl.errors import ConfigError
 
@@ -121,188 +135,350 @@ def format_size(num_bytes: float) -> str:
     raise AssertionError("unreachable")
 
 
-def _spec(
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+
+
+def _field(
+    default: Any,
     help: str,
     *,
     kind: str | None = None,
-    choices: tuple[str, ...] | None = None,
-    min: float | None = None,
-    max: float | None = None,
-) -> dict[str, Any]:
-    """Field metadata: the help line, and how to validate the value."""
-    return {"help": help, "kind": kind, "choices": choices, "min": min, "max": max}
+    ge: float | None = None,
+    le: float | None = None,
+) -> Any:
+    """A schema field: its default, help line, bounds and kind (`size`, `amount`, …)."""
+    extra: dict[str, Any] = {"kind": kind} if kind else {}
+    return Field(default, description=help, ge=ge, le=le, json_schema_extra=extra or None)
 
 
-@dataclass(frozen=True)
-class StorageConfig:
+def _kind(info: FieldInfo) -> str | None:
+    extra = info.json_schema_extra
+    return extra.get("kind") if isinstance(extra, dict) else None  # type: ignore[return-value]
+
+
+def _unwrap(annotation: Any) -> tuple[Any, bool]:
+    """`int | None` → `(int, True)`; `int` → `(int, False)`."""
+    args = typing.get_args(annotation)
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType) and type(None) in args:
+        rest = [a for a in args if a is not type(None)]
+        return (rest[0] if len(rest) == 1 else annotation), True
+    return annotation, False
+
+
+def _coerce(key: str, info: FieldInfo, value: Any) -> Any:
+    """Turn a YAML/env/flag value into the field's type, or raise ConfigError.
+
+    Bounds and choices are left to the model (`ge`/`le`, `Literal`); `_raise_config_error`
+    words their failures.
+    """
+    base, optional = _unwrap(info.annotation)
+    if value is None or (optional and isinstance(value, str) and value.strip() == ""):
+        if optional:
+            return None
+        if base is str:
+            return ""
+        raise ConfigError(f"{key}: a value is required (default {info.default!r})")
+    kind = _kind(info)
+    if kind == "size":
+        return parse_size(value, key)
+    if kind == "amount":
+        result = str(parse_amount(value, key)) if not isinstance(value, str) else value.strip()
+        parse_amount(result, key)
+        return result
+    if base is bool:
+        if isinstance(value, bool):
+            return value
+        text = str(value).strip().lower()
+        if text in _TRUE | _FALSE:
+            return text in _TRUE
+        raise ConfigError(
+            f"{key}: {value!r} is not a boolean; use true or false (yes/no, on/off, 1/0)"
+        )
+    if base is int:
+        if isinstance(value, bool) or not re.fullmatch(r"\s*-?\d+\s*", str(value)):
+            raise ConfigError(f"{key}: {value!r} is not an integer")
+        return int(value)
+    if base is float:
+        try:
+            if isinstance(value, bool):
+                raise ValueError
+            return float(value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{key}: {value!r} is not a number") from None
+    if not isinstance(value, (str, int, float)) or isinstance(value, bool):
+        raise ConfigError(f"{key}: {value!r} is not a string")
+    return str(value).strip() if kind == "url" else str(value)
+
+
+def _raise_config_error(section: str, exc: ValidationError) -> NoReturn:
+    """The first error of a section's validation as a ConfigError naming the dotted key."""
+    error = exc.errors()[0]
+    loc = error.get("loc") or ("?",)
+    key = f"{section}.{loc[0]}" if section else str(loc[0])
+    value = error.get("input")
+    ctx = error.get("ctx") or {}
+    kind = error["type"]
+    if kind == "extra_forbidden":
+        raise _unknown_key(key)
+    if kind in ("greater_than_equal", "greater_than"):
+        raise ConfigError(f"{key}: {value!r} is below the minimum {ctx.get('ge', ctx.get('gt'))}")
+    if kind in ("less_than_equal", "less_than"):
+        raise ConfigError(f"{key}: {value!r} is above the maximum {ctx.get('le', ctx.get('lt'))}")
+    if kind == "literal_error":
+        choices = re.findall(r"'([^']*)'", str(ctx.get("expected", "")))
+        raise ConfigError(f"{key}: {value!r} is not one of {', '.join(choices)}")
+    raise ConfigError(f"{key}: {value!r} is invalid: {error['msg']}")
+
+
+class ConfigSection(BaseModel):
+    """One section of the configuration: frozen, no unknown keys, values coerced from
+    YAML, environment strings and flags; every failure is a `ConfigError` naming
+    `<section>.<key>`."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    section: ClassVar[str] = ""
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _coerce_value(cls, value: Any, info: ValidationInfo) -> Any:
+        name = info.field_name or "?"
+        return _coerce(f"{cls.section}.{name}", cls.model_fields[name], value)
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _config_errors(cls, data: Any, handler: ModelWrapValidatorHandler[Any]) -> Any:
+        try:
+            return handler(data)
+        except ValidationError as exc:
+            _raise_config_error(cls.section, exc)
+
+
+class StorageConfig(ConfigSection):
     """Where and how KV pages are stored."""
 
-    path: str = field(
-        default="/mnt/3fs/hf3fsctl",
-        metadata=_spec("storage root; on 3FS, a directory under the mount", kind="path"),
+    section: ClassVar[str] = "storage"
+
+    path: str = _field(
+        "/mnt/3fs/hf3fsctl", "storage root; on 3FS, a directory under the mount", kind="path"
     )
-    engine: str = field(
-        default="auto",
-        metadata=_spec(
-            "I/O engine: auto (usrbio on a 3FS mount, else posix), posix, usrbio",
-            choices=("auto", "posix", "usrbio"),
-        ),
+    engine: Literal["auto", "posix", "usrbio"] = _field(
+        "auto", "I/O engine: auto (usrbio on a 3FS mount, else posix), posix, usrbio"
     )
-    capacity: str = field(
-        default="80%",
-        metadata=_spec(
-            "bytes the whole store may hold, all namespaces and ranks together: a size "
-            "(2TiB) or a share of the file system's free space when the store is created "
-            "(50%); recorded in the store by `hf3fsctl init`",
-            kind="amount",
-        ),
+    capacity: str = _field(
+        "80%",
+        "bytes the whole store may hold, all namespaces and ranks together: a size "
+        "(2TiB) or a share of the file system's free space when the store is created "
+        "(50%); recorded in the store by `hf3fsctl init`",
+        kind="amount",
     )
-    max_pinned: str = field(
-        default="25%",
-        metadata=_spec(
-            "most bytes pinned prefixes may hold: a size or a share of the capacity",
-            kind="amount",
-        ),
+    max_pinned: str = _field(
+        "25%",
+        "most bytes pinned prefixes may hold: a size or a share of the capacity",
+        kind="amount",
     )
-    preallocate: bool = field(
-        default=False,
-        metadata=_spec(
-            "new page files are fallocated at storage.file_size up front (else they "
-            "grow on demand, page by page, within the store's capacity)"
-        ),
+    preallocate: bool = _field(
+        False,
+        "new page files are fallocated at storage.file_size up front (else they "
+        "grow on demand, page by page, within the store's capacity)",
     )
-    file_size: int = field(
-        default=64 * 1024**3,
-        metadata=_spec(
-            "bytes of one preallocated page file (storage.preallocate)", kind="size", min=1 << 20
-        ),
+    file_size: int = _field(
+        64 * 1024**3,
+        "bytes of one preallocated page file (storage.preallocate)",
+        kind="size",
+        ge=1 << 20,
     )
-    io_threads: int = field(
-        default=16, metadata=_spec("parallel page reads/writes per process", min=1, max=256)
-    )
-    o_direct: bool = field(
-        default=False, metadata=_spec("bypass the page cache (O_DIRECT) when aligned")
-    )
+    io_threads: int = _field(16, "parallel page reads/writes per process", ge=1, le=256)
+    o_direct: bool = _field(False, "bypass the page cache (O_DIRECT) when aligned")
+
+    @model_validator(mode="after")
+    def _path_required(self) -> StorageConfig:
+        if not self.path:
+            raise ConfigError("storage.path: a directory is required")
+        return self
 
 
-@dataclass(frozen=True)
-class MetadataConfig:
+class MetadataConfig(ConfigSection):
     """How the connector and the CLI reach the metadata store."""
 
-    url: str = field(
-        default="",
-        metadata=_spec(
-            "sqlite:///PATH (embedded, no server) or http://HOST:PORT (hf3fsctl serve); "
-            "empty = sqlite:///<storage.path>/metadata.db",
-            kind="url",
-        ),
+    section: ClassVar[str] = "metadata"
+
+    url: str = _field(
+        "",
+        "sqlite:///PATH (embedded, no server) or http://HOST:PORT (hf3fsctl serve); "
+        "empty = sqlite:///<storage.path>/metadata.db",
+        kind="url",
     )
-    timeout_s: float = field(
-        default=2.0, metadata=_spec("timeout of every metadata call", min=0.01, max=600)
+    timeout_s: float = _field(2.0, "timeout of every metadata call", ge=0.01, le=600)
+    token_file: str | None = _field(None, "file holding the bearer token for http:// URLs")
+    ca_file: str | None = _field(
+        None,
+        "PEM file of the CA that signed an https:// service's certificate "
+        "(default: the system's trust store)",
     )
-    token_file: str | None = field(
-        default=None, metadata=_spec("file holding the bearer token for http:// URLs")
+    retry_backoff_s: float = _field(
+        5.0, "connector: wait this long before retrying a dead service", ge=0
     )
-    ca_file: str | None = field(
-        default=None,
-        metadata=_spec(
-            "PEM file of the CA that signed an https:// service's certificate "
-            "(default: the system's trust store)"
-        ),
+    lease_s: float = _field(30.0, "a located page is not reused for this long", ge=0.1, le=3600)
+    high_watermark: float = _field(
+        0.95, "evict when the store (or a quota) is fuller than this", ge=0, le=1
     )
-    retry_backoff_s: float = field(
-        default=5.0,
-        metadata=_spec("connector: wait this long before retrying a dead service", min=0),
-    )
-    lease_s: float = field(
-        default=30.0,
-        metadata=_spec("a located page is not reused for this long", min=0.1, max=3600),
-    )
-    high_watermark: float = field(
-        default=0.95,
-        metadata=_spec("evict when the store (or a quota) is fuller than this", min=0, max=1),
-    )
-    low_watermark: float = field(
-        default=0.85, metadata=_spec("evict down to this usage", min=0, max=1)
-    )
+    low_watermark: float = _field(0.85, "evict down to this usage", ge=0, le=1)
+
+    @field_validator("url")
+    @classmethod
+    def _check_url(cls, url: str) -> str:
+        if url:
+            MetadataUrl.parse(url, key="metadata.url")
+        return url
+
+    @model_validator(mode="after")
+    def _watermarks(self) -> MetadataConfig:
+        if self.low_watermark >= self.high_watermark:
+            raise ConfigError(
+                f"metadata.low_watermark ({self.low_watermark}) must be below "
+                f"metadata.high_watermark ({self.high_watermark})"
+            )
+        return self
 
 
-@dataclass(frozen=True)
-class ServerConfig:
+class ServerConfig(ConfigSection):
     """`hf3fsctl serve`."""
 
-    host: str = field(default="127.0.0.1", metadata=_spec("bind address (loopback by default)"))
-    port: int = field(default=18765, metadata=_spec("TCP port", min=0, max=65535))
-    token_file: str | None = field(
-        default=None,
-        metadata=_spec("bearer token required on mutating and admin routes when set"),
+    section: ClassVar[str] = "server"
+
+    host: str = _field("127.0.0.1", "bind address (loopback by default)")
+    port: int = _field(18765, "TCP port", ge=0, le=65535)
+    token_file: str | None = _field(
+        None, "bearer token required on mutating and admin routes when set"
     )
-    max_body_bytes: int = field(
-        default=16 * 1024**2, metadata=_spec("largest request body", kind="size", min=1024)
-    )
-    max_batch: int = field(
-        default=8192, metadata=_spec("most keys in one request", min=1, max=1_000_000)
-    )
-    workers: int = field(
-        default=1,
-        metadata=_spec("server processes sharing the port (at most one per core)", min=1, max=64),
+    max_body_bytes: int = _field(16 * 1024**2, "largest request body", kind="size", ge=1024)
+    max_batch: int = _field(8192, "most keys in one request", ge=1, le=1_000_000)
+    workers: int = _field(
+        1, "server processes sharing the port (at most one per core)", ge=1, le=64
     )
 
 
-@dataclass(frozen=True)
-class ConnectorConfig:
+class ConnectorConfig(ConfigSection):
     """The vLLM connector."""
 
-    save_decode_blocks: bool = field(
-        default=False, metadata=_spec("also save blocks filled by generated tokens")
+    section: ClassVar[str] = "connector"
+
+    save_decode_blocks: bool = _field(False, "also save blocks filled by generated tokens")
+    staging_bytes: int = _field(
+        1024**3, "pinned host staging memory per worker", kind="size", ge=1 << 20
     )
-    staging_bytes: int = field(
-        default=1024**3,
-        metadata=_spec("pinned host staging memory per worker", kind="size", min=1 << 20),
+    min_hit_blocks: int = _field(1, "load only when at least this many blocks hit", ge=1)
+    lookup_wait_ms: float = _field(
+        5.0,
+        "the scheduler step waits at most this long in all for store lookups "
+        "(0 = never); requests not answered by then are asked again next step",
+        ge=0,
+        le=1000,
     )
-    min_hit_blocks: int = field(
-        default=1, metadata=_spec("load only when at least this many blocks hit", min=1)
+    storage_retry_s: float = _field(
+        5.0,
+        "after a storage failure (no space, I/O error, missing mount) skip saves "
+        "this long before trying again",
+        ge=0,
+        le=3600,
     )
-    lookup_wait_ms: float = field(
-        default=5.0,
-        metadata=_spec(
-            "the scheduler step waits at most this long in all for store lookups "
-            "(0 = never); requests not answered by then are asked again next step",
-            min=0,
-            max=1000,
-        ),
-    )
-    storage_retry_s: float = field(
-        default=5.0,
-        metadata=_spec(
-            "after a storage failure (no space, I/O error, missing mount) skip saves "
-            "this long before trying again",
-            min=0,
-            max=3600,
-        ),
-    )
-    load_mode: str = field(
-        default="sync",
-        metadata=_spec(
-            "sync: load inside the step that computes the rest of the prompt; "
-            "async: load on a thread while the engine runs other requests",
-            choices=("sync", "async"),
-        ),
+    load_mode: Literal["sync", "async"] = _field(
+        "sync",
+        "sync: load inside the step that computes the rest of the prompt; "
+        "async: load on a thread while the engine runs other requests",
     )
 
 
-@dataclass(frozen=True)
-class Config:
-    """The whole configuration. `source` is the file it was read from, if any."""
+_HTTP_RE = re.compile(r"(https?)://([^/\s]+)(/\S*)?")
 
-    storage: StorageConfig = field(default_factory=StorageConfig)
-    metadata: MetadataConfig = field(default_factory=MetadataConfig)
-    server: ServerConfig = field(default_factory=ServerConfig)
-    connector: ConnectorConfig = field(default_factory=ConnectorConfig)
+
+class MetadataUrl(BaseModel):
+    """A parsed metadata URL: `sqlite:///PATH` (embedded; `path`) or `http(s)://HOST:PORT[/PREFIX]`
+    (a service; `base`, without a trailing slash)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    url: str
+    scheme: Literal["sqlite", "http", "https"]
+    path: str | None = None
+    base: str | None = None
+
+    @property
+    def embedded(self) -> bool:
+        """An embedded (`sqlite`) store, opened in this process."""
+        return self.scheme == "sqlite"
+
+    @classmethod
+    def parse(cls, url: str, key: str = "metadata.url") -> MetadataUrl:
+        """Parse `sqlite:////ABS/PATH`, `sqlite:///ABS/PATH`, `http(s)://HOST:PORT[/PREFIX]`.
+
+        Raises:
+            ConfigError: naming `key` when the URL is none of these.
+        """
+        text = url.strip() if isinstance(url, str) else ""
+        if text.startswith("sqlite:///") and len(text) > len("sqlite:///"):
+            path = text[len("sqlite://") :]
+            return cls(url=text, scheme="sqlite", path=path[1:] if path.startswith("//") else path)
+        match = _HTTP_RE.fullmatch(text)
+        if match is not None:
+            scheme: Literal["http", "https"] = "https" if match.group(1) == "https" else "http"
+            return cls(url=text, scheme=scheme, base=text.rstrip("/"))
+        raise ConfigError(
+            f"{key}: {url!r} is not a metadata URL; use sqlite:///ABSOLUTE/PATH.db or "
+            "http://HOST:PORT"
+        )
+
+
+def _check_quotas(quotas: Mapping[str, Any]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for name, value in quotas.items():
+        key = f"{QUOTAS}.{name}"
+        if not name:
+            raise ConfigError(f"{QUOTAS}: a quota needs a namespace id or model name")
+        out[str(name)] = value.strip() if isinstance(value, str) else str(parse_amount(value, key))
+        parse_amount(out[str(name)], key)
+    return out
+
+
+class Config(BaseModel):
+    """The whole configuration. `source` is the file it was read from, if any (not part of
+    equality or `to_dict`)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    storage: StorageConfig = Field(default_factory=StorageConfig)
+    metadata: MetadataConfig = Field(default_factory=MetadataConfig)
+    server: ServerConfig = Field(default_factory=ServerConfig)
+    connector: ConnectorConfig = Field(default_factory=ConnectorConfig)
     # Namespace id or model name → most bytes it may hold (a size, or a share of the
     # store's capacity). A model's quota covers all of its namespaces together.
-    quotas: dict[str, str] = field(default_factory=dict)
-    source: str | None = field(default=None, compare=False)
+    quotas: dict[str, str] = Field(default_factory=dict)
+    source: str | None = Field(default=None, exclude=True)
+
+    @field_validator("quotas", mode="before")
+    @classmethod
+    def _quotas(cls, value: Any) -> Any:
+        if value is None:
+            return {}
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"{QUOTAS}: must map a namespace id or model name to a size or share")
+        return _check_quotas(value)
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _config_errors(cls, data: Any, handler: ModelWrapValidatorHandler[Any]) -> Any:
+        try:
+            return handler(data)
+        except ValidationError as exc:
+            _raise_config_error("", exc)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Config):
+            return NotImplemented
+        return self.to_dict() == other.to_dict()
+
+    __hash__ = None  # type: ignore[assignment]
 
     @property
     def metadata_url(self) -> str:
@@ -311,9 +487,16 @@ class Config:
             return self.metadata.url
         return f"sqlite:///{Path(self.storage.path) / 'metadata.db'}"
 
+    @property
+    def metadata_target(self) -> MetadataUrl:
+        """`metadata_url`, parsed."""
+        return MetadataUrl.parse(self.metadata_url)
+
     def to_dict(self) -> dict[str, dict[str, Any]]:
         """The configuration as a plain nested dict (no `source`)."""
-        data = {name: dataclasses.asdict(getattr(self, name)) for name in SECTIONS}
+        data: dict[str, dict[str, Any]] = {
+            name: getattr(self, name).model_dump() for name in SECTIONS
+        }
         data[QUOTAS] = dict(self.quotas)
         return data
 
@@ -324,7 +507,7 @@ QUOTAS_HELP = (
     "(a share is of the store's capacity)"
 )
 
-SECTIONS: dict[str, type[Any]] = {
+SECTIONS: dict[str, type[ConfigSection]] = {
     "storage": StorageConfig,
     "metadata": MetadataConfig,
     "server": ServerConfig,
@@ -332,77 +515,27 @@ SECTIONS: dict[str, type[Any]] = {
 }
 
 
-def config_keys() -> dict[str, dataclasses.Field[Any]]:
-    """Every dotted key (`storage.path`, …) and its dataclass field."""
+@dataclass(frozen=True)
+class ConfigKey:
+    """One dotted key of the schema: its section, name, help line, default and field."""
+
+    section: str
+    name: str
+    help: str
+    default: Any
+    kind: str | None
+    info: FieldInfo
+
+
+def config_keys() -> dict[str, ConfigKey]:
+    """Every dotted key (`storage.path`, …) and its schema entry."""
     return {
-        f"{section}.{f.name}": f
+        f"{section}.{name}": ConfigKey(
+            section, name, info.description or "", info.default, _kind(info), info
+        )
         for section, cls in SECTIONS.items()
-        for f in dataclasses.fields(cls)
+        for name, info in cls.model_fields.items()
     }
-
-
-_TRUE = {"1", "true", "yes", "on"}
-_FALSE = {"0", "false", "no", "off"}
-
-
-def _coerce(key: str, f: dataclasses.Field[Any], value: Any) -> Any:
-    """Turn a YAML/env/flag value into the field's type, or raise ConfigError."""
-    meta = f.metadata
-    type_name = str(f.type)
-    if value is None or (isinstance(value, str) and value == "" and "None" in type_name):
-        if "None" in type_name:
-            return None
-        if type_name == "str":
-            return ""
-        raise ConfigError(f"{key}: a value is required (default {f.default!r})")
-    if meta.get("kind") == "size":
-        result: Any = parse_size(value, key)
-    elif meta.get("kind") == "amount":
-        result = str(parse_amount(value, key)) if not isinstance(value, str) else value.strip()
-        parse_amount(result, key)
-    elif type_name == "bool":
-        if isinstance(value, bool):
-            result = value
-        elif str(value).strip().lower() in _TRUE | _FALSE:
-            result = str(value).strip().lower() in _TRUE
-        else:
-            raise ConfigError(f"{key}: {value!r} is not a boolean; use true or false")
-    elif type_name == "int":
-        if isinstance(value, bool) or not re.fullmatch(r"\s*-?\d+\s*", str(value)):
-            raise ConfigError(f"{key}: {value!r} is not an integer")
-        result = int(value)
-    elif type_name == "float":
-        try:
-            if isinstance(value, bool):
-                raise ValueError
-            result = float(value)
-        except ValueError:
-            raise ConfigError(f"{key}: {value!r} is not a number") from None
-    else:
-        if not isinstance(value, (str, int, float)) or isinstance(value, bool):
-            raise ConfigError(f"{key}: {value!r} is not a string")
-        result = str(value)
-    choices = meta.get("choices")
-    if choices and result not in choices:
-        raise ConfigError(f"{key}: {value!r} is not one of {', '.join(choices)}")
-    low, high = meta.get("min"), meta.get("max")
-    if low is not None and result < low:
-        raise ConfigError(f"{key}: {value!r} is below the minimum {low}")
-    if high is not None and result > high:
-        raise ConfigError(f"{key}: {value!r} is above the maximum {high}")
-    if meta.get("kind") == "url" and result:
-        _check_url(key, result)
-    return result
-
-
-def _check_url(key: str, url: str) -> None:
-    if url.startswith("sqlite:///") and len(url) > len("sqlite:///"):
-        return
-    if re.fullmatch(r"https?://[^/\s]+(/\S*)?", url):
-        return
-    raise ConfigError(
-        f"{key}: {url!r} is not a metadata URL; use sqlite:///ABSOLUTE/PATH.db or http://HOST:PORT"
-    )
 
 
 def _unknown_key(key: str) -> ConfigError:
@@ -550,25 +683,12 @@ def build_config(layers: list[tuple[str, Mapping[str, Any]]], source: str | None
                 continue
             if key not in known:
                 raise _unknown_key(key)
-            values[key] = _coerce(key, known[key], value)
-    sections = {}
+            values[key] = _coerce(key, known[key].info, value)
+    sections: dict[str, Any] = {}
     for name, cls in SECTIONS.items():
         kwargs = {k.split(".", 1)[1]: v for k, v in values.items() if k.startswith(name + ".")}
         sections[name] = cls(**kwargs)
-    config = Config(**sections, quotas=quotas, source=source)
-    _check_cross_field(config)
-    return config
-
-
-def _check_cross_field(config: Config) -> None:
-    md = config.metadata
-    if md.low_watermark >= md.high_watermark:
-        raise ConfigError(
-            f"metadata.low_watermark ({md.low_watermark}) must be below "
-            f"metadata.high_watermark ({md.high_watermark})"
-        )
-    if not config.storage.path:
-        raise ConfigError("storage.path: a directory is required")
+    return Config(**sections, quotas=quotas, source=source)
 
 
 def load_config(
@@ -602,10 +722,10 @@ def dump_config(config: Config) -> str:
     lines = ["# hf3fsctl configuration (see configs/hf3fs.yaml for every key)"]
     for section, cls in SECTIONS.items():
         lines.append(f"{section}:")
-        for f in dataclasses.fields(cls):
-            value = getattr(getattr(config, section), f.name)
-            lines.append(f"  # {f.metadata['help']}")
-            lines.append(f"  {f.name}: {_yaml_scalar(value)}")
+        for name, info in cls.model_fields.items():
+            value = getattr(getattr(config, section), name)
+            lines.append(f"  # {info.description}")
+            lines.append(f"  {name}: {_yaml_scalar(value)}")
     lines.append(f"# {QUOTAS_HELP}")
     if config.quotas:
         lines.append(f"{QUOTAS}:")

@@ -20,7 +20,7 @@ import typer
 from hf3fsctl.errors import InvalidRequest, NotFound
 
 if TYPE_CHECKING:
-    from hf3fsctl.config import Config
+    from hf3fsctl.config import Config, MetadataUrl
     from hf3fsctl.meta.client import MetadataClient
 
 
@@ -70,7 +70,7 @@ def connect(config: Config, *, create: bool = False) -> MetadataClient:
     """
     from hf3fsctl.meta.client import connect as connect_url
 
-    db = sqlite_path(config.metadata_url)
+    db = sqlite_path(config.metadata_target)
     if db is not None and not create and not db.exists():
         raise NotFound(
             f"metadata database {db} does not exist",
@@ -116,10 +116,6 @@ def resolve_namespace(client: MetadataClient, value: str | None) -> str | None:
     )
 
 
-def sqlite_path(url: str) -> Path | None:
-    """The database file of a `sqlite:///PATH` metadata URL, else None."""
-    if not url.startswith("sqlite:///"):
-        return None
-    from hf3fsctl.meta.store import sqlite_path as store_sqlite_path
-
-    return Path(store_sqlite_path(url))
+def sqlite_path(target: MetadataUrl) -> Path | None:
+    """The database file of an embedded (`sqlite:///PATH`) metadata URL, else None."""
+    return Path(target.path) if target.scheme == "sqlite" and target.path else None

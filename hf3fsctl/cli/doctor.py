@@ -188,7 +188,7 @@ def check_connectors(report: Report) -> None:
 
 def check_invariants(report: Report, cfg: Config) -> None:
     """The embedded store's invariants (pages owned once, counts consistent, …)."""
-    db = context.sqlite_path(cfg.metadata_url)
+    db = context.sqlite_path(cfg.metadata_target)
     if db is None:
         report.add(
             "metadata.invariants",

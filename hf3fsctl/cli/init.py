@@ -173,7 +173,7 @@ def record_capacity(config: Config, client: MetadataClient, explicit: bool) -> d
 
 def _check_metadata(config: Config, report: dict[str, Any]) -> None:
     """Create the SQLite schema (embedded) or check the service answers (HTTP)."""
-    db = context.sqlite_path(config.metadata_url)
+    db = context.sqlite_path(config.metadata_target)
     if db is not None:
         db.parent.mkdir(parents=True, exist_ok=True)
     try:
@@ -329,7 +329,7 @@ def init(
         return
     config_flag = f" --config {write_config}" if write_config else ""
     output.line("next:", style="bold")
-    if not cfg.metadata_url.startswith("sqlite:"):
+    if cfg.metadata_target.scheme != "sqlite":
         output.line(f"  hf3fsctl{config_flag} serve            # on the metadata host")
     output.line(f"  hf3fsctl{config_flag} doctor")
     output.line(

@@ -104,7 +104,8 @@ def serve(
             f"serving on {server.host} WITHOUT authentication (--insecure): anyone who can "
             "reach this port can read, evict and overwrite cache metadata"
         )
-    db = context.sqlite_path(cfg.metadata.url) or Path(cfg.storage.path) / "metadata.db"
+    # An http(s) metadata.url names this service; its database lives under storage.path.
+    db = context.sqlite_path(cfg.metadata_target) or Path(cfg.storage.path) / "metadata.db"
     db.parent.mkdir(parents=True, exist_ok=True)
     output.info(
         f"metadata service on http://{server.host}:{server.port} "

@@ -58,7 +58,7 @@ from hf3fsctl.meta.models import (
 )
 
 if TYPE_CHECKING:
-    from hf3fsctl.config import Config
+    from hf3fsctl.config import Config, MetadataUrl
     from hf3fsctl.meta.policy import StorePolicy
 
 
@@ -165,7 +165,7 @@ class MetadataClient(Protocol):
 
 
 def open_metadata_client(
-    url: str,
+    url: str | MetadataUrl,
     *,
     timeout_s: float = 2.0,
     token: str | None = None,
@@ -180,26 +180,24 @@ def open_metadata_client(
     The store-side settings (lease, watermarks, capacity policy) apply to the embedded
     store; a server uses its own.
     """
-    from hf3fsctl.errors import ConfigError
+    from hf3fsctl.config import MetadataUrl
 
-    if url.startswith("sqlite:///"):
+    target = url if isinstance(url, MetadataUrl) else MetadataUrl.parse(url)
+    if target.scheme == "sqlite":
         from hf3fsctl.meta.embedded import EmbeddedMetadataClient
 
         return EmbeddedMetadataClient(
-            url,
+            target.url,
             timeout_s=timeout_s,
             lease_s=lease_s,
             high_watermark=high_watermark,
             low_watermark=low_watermark,
             policy=policy,
         )
-    if url.startswith(("http://", "https://")):
-        from hf3fsctl.meta.http import HttpMetadataClient
+    from hf3fsctl.meta.http import HttpMetadataClient
 
-        return HttpMetadataClient(url, timeout_s=timeout_s, token=token, ca_file=ca_file)
-    raise ConfigError(
-        f"metadata.url: {url!r} is not a metadata URL; use sqlite:///PATH or http://HOST:PORT"
-    )
+    assert target.base is not None
+    return HttpMetadataClient(target.base, timeout_s=timeout_s, token=token, ca_file=ca_file)
 
 
 def connect(config: Config) -> MetadataClient:
@@ -218,7 +216,7 @@ def connect(config: Config) -> MetadataClient:
 
     md = config.metadata
     return open_metadata_client(
-        config.metadata_url,
+        config.metadata_target,
         timeout_s=md.timeout_s,
         token=token,
         lease_s=md.lease_s,

@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
+from pydantic import Field, ValidationError
 
 from hf3fsctl.config import (
+    SECTIONS,
     Config,
+    ConfigSection,
+    MetadataUrl,
+    StorageConfig,
     build_config,
+    config_keys,
     dump_config,
     find_config_file,
     load_config,
@@ -131,3 +139,111 @@ def test_dump_config_round_trips(tmp_path: Path) -> None:
     file = tmp_path / "out.yaml"
     file.write_text(dump_config(original))
     assert load_config(file, environ={}) == original
+
+
+class _Sample(ConfigSection):
+    """A section with the field shapes the schema may grow (`int | None`, …)."""
+
+    section: ClassVar[str] = "sample"
+
+    limit: int | None = Field(None, ge=1, description="an optional count")
+    ratio: float = Field(1.0, ge=0, description="a number")
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"), [("7", 7), (" 12 ", 12), (3, 3), ("", None), (None, None)]
+)
+def test_optional_int_field_is_none_or_an_int(value: object, expected: int | None) -> None:
+    limit = _Sample.model_validate({"limit": value}).limit
+    assert limit == expected and (limit is None or type(limit) is int)
+
+
+@pytest.mark.parametrize(("value", "match"), [("many", "not an integer"), ("0", "minimum")])
+def test_bad_optional_int_names_the_key(value: str, match: str) -> None:
+    with pytest.raises(ConfigError, match=rf"sample\.limit: '?{value}'? .*{match}"):
+        _Sample.model_validate({"limit": value})
+
+
+def test_float_and_bool_fields_coerce_from_environment_strings() -> None:
+    config = load_config(
+        environ={
+            "HF3FSCTL_METADATA_TIMEOUT_S": "3.5",
+            "HF3FSCTL_CONNECTOR_LOOKUP_WAIT_MS": "0",
+            "HF3FSCTL_STORAGE_PREALLOCATE": "yes",
+            "HF3FSCTL_STORAGE_O_DIRECT": "off",
+            "HF3FSCTL_SERVER_PORT": "9000",
+            "HF3FSCTL_STORAGE_FILE_SIZE": "1GiB",
+        }
+    )
+    assert config.metadata.timeout_s == 3.5 and type(config.metadata.timeout_s) is float
+    assert config.connector.lookup_wait_ms == 0.0
+    assert (config.storage.preallocate, config.storage.o_direct) == (True, False)
+    assert config.server.port == 9000 and config.storage.file_size == 1 << 30
+    assert _Sample.model_validate({"ratio": "0.25"}).ratio == 0.25
+
+
+@pytest.mark.parametrize(
+    ("environ", "names"),
+    [
+        ({"HF3FSCTL_METADATA_TIMEOUT_S": "soon"}, "metadata.timeout_s: 'soon'"),
+        ({"HF3FSCTL_METADATA_TIMEOUT_S": "0"}, "metadata.timeout_s: 0.0 is below"),
+        ({"HF3FSCTL_STORAGE_IO_THREADS": "1.5"}, "storage.io_threads: '1.5'"),
+        ({"HF3FSCTL_CONNECTOR_LOAD_MODE": "lazy"}, "connector.load_mode: 'lazy' is not one of"),
+        ({"HF3FSCTL_STORAGE_CAPACITY": "lots"}, "storage.capacity: 'lots'"),
+    ],
+    ids=["float", "float-range", "int", "choice", "amount"],
+)
+def test_bad_environment_value_names_the_key(environ: dict[str, str], names: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape(names)):
+        load_config(environ=environ)
+
+
+def test_sections_built_directly_raise_config_errors() -> None:
+    with pytest.raises(ConfigError, match=r"storage\.io_threads: 0 is below the minimum 1"):
+        StorageConfig(io_threads=0)
+    with pytest.raises(ConfigError, match=r"did you mean storage\.engine"):
+        StorageConfig.model_validate({"enigne": "posix"})
+
+
+def test_config_is_frozen_and_ignores_source_in_equality() -> None:
+    config = Config()
+    with pytest.raises(ValidationError):
+        config.storage.path = "/elsewhere"
+    assert Config(source="/etc/x.yaml") == config
+    assert set(config_keys()) == {
+        f"{section}.{key}"
+        for section, values in config.to_dict().items()
+        if section in SECTIONS
+        for key in values
+    }
+    assert config_keys()["server.port"].default == 18765 and config_keys()["server.port"].help
+
+
+@pytest.mark.parametrize(
+    ("url", "scheme", "path", "base"),
+    [
+        ("sqlite:////abs/meta.db", "sqlite", "/abs/meta.db", None),
+        ("sqlite:///abs/meta.db", "sqlite", "/abs/meta.db", None),
+        ("http://h:1", "http", None, "http://h:1"),
+        ("https://h:1/prefix/", "https", None, "https://h:1/prefix"),
+    ],
+    ids=["sqlite-4-slashes", "sqlite-3-slashes", "http", "https-prefix"],
+)
+def test_metadata_url_parses(url: str, scheme: str, path: str | None, base: str | None) -> None:
+    target = MetadataUrl.parse(url)
+    assert (target.scheme, target.path, target.base, target.url) == (scheme, path, base, url)
+
+
+@pytest.mark.parametrize(
+    "url", ["redis://x", "sqlite:///", "sqlite://rel.db", "http://", "ftp://h:1", ""]
+)
+def test_metadata_url_rejects_others(url: str) -> None:
+    with pytest.raises(ConfigError, match=r"metadata\.url: .* is not a metadata URL"):
+        MetadataUrl.parse(url)
+
+
+def test_config_metadata_target_follows_metadata_url() -> None:
+    embedded = build_config([("o", {"storage.path": "/data/kv"})]).metadata_target
+    assert (embedded.scheme, embedded.path) == ("sqlite", "/data/kv/metadata.db")
+    served = build_config([("o", {"metadata.url": "https://h:1/p"})]).metadata_target
+    assert (served.scheme, served.base) == ("https", "https://h:1/p")
