@@ -89,6 +89,8 @@ _LOCATIONS = TypeAdapter(list[Location | None])
 _ALLOCATE_RESULT = TypeAdapter(AllocateResult)
 _CHUNK = 500  # keys per SQL statement (well under SQLite's variable limit)
 _FLUSH_INTERVAL_S = 1.0
+_ALLOCATE_ATTEMPTS = 3  # an allocation that met space being given back asks again
+_SETTLE_WAIT_S = 0.002  # … after this long, when another writer is giving space back
 
 
 def _require_keys(keys: Sequence[str]) -> None:
@@ -661,15 +663,32 @@ class MetadataStore:
         allocated: list[tuple[str, int]] = []
         existing: list[str] = []
         wanted = list(depth_of)
-        for attempt in range(2):
+        for attempt in range(_ALLOCATE_ATTEMPTS):
             marked, no_space = self._allocate_once(
                 namespace, rank, wanted, depth_of, now, allocated, existing
             )
             self._give_back(marked)
-            if not (marked and no_space) or attempt:
+            last = attempt == _ALLOCATE_ATTEMPTS - 1
+            if not no_space or last:
                 return allocated, existing, no_space
-            wanted, now = no_space, time.time()  # the room it made is settled now: ask again
+            # Space counts as free only once punched: ask again once the room this call
+            # made is settled, or — when another writer's freed pages are still being
+            # given back — a moment later, instead of refusing a save for space that is
+            # about to exist.
+            if not marked:
+                if not self._giving_back_elsewhere():
+                    return allocated, existing, no_space
+                time.sleep(_SETTLE_WAIT_S)
+            wanted, now = no_space, time.time()
         raise AssertionError("unreachable")
+
+    def _giving_back_elsewhere(self) -> bool:
+        """Whether some writer's freed pages are marked and not yet punched."""
+        with self._read() as conn:
+            row = conn.execute(
+                "SELECT 1 FROM free_pages WHERE punched = ? LIMIT 1", (room.GIVING_BACK,)
+            ).fetchone()
+        return row is not None
 
     def _allocate_once(
         self,
