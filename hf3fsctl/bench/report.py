@@ -201,6 +201,42 @@ def publish(
         output.info(f"plot written to {plot_path}")
 
 
+def run_and_publish(
+    bench: Any,
+    settings_type: Any,
+    *,
+    quick: bool,
+    overrides: dict[str, Any],
+    fixed: dict[str, Any],
+    json_stdout: bool,
+    json_path: Path | None,
+    plot_path: Path | None,
+) -> None:
+    """Build a sub-command's settings, run it and hand its document out.
+
+    Args:
+        bench: the `hf3fsctl.bench` module (its `run`, `render` and `plot`).
+        settings_type: its settings class (with a `quick(...)` constructor).
+        quick: start from `settings_type.quick` (else from the class defaults).
+        overrides: flags that replace a default only when given (None: not given).
+        fixed: settings passed as they are.
+    """
+    if quick:
+        settings = settings_type.quick(**overrides, **fixed)
+    else:
+        given = {k: v for k, v in overrides.items() if v is not None}
+        settings = settings_type(**given, **fixed)
+    document = bench.run(settings, progress=progress_printer(not json_stdout))
+    publish(
+        document,
+        render=bench.render,
+        plot=bench.plot,
+        json_stdout=json_stdout,
+        json_path=json_path,
+        plot_path=plot_path,
+    )
+
+
 # --- plots ----------------------------------------------------------------------------
 
 

@@ -132,16 +132,12 @@ def metadata(
         "directory": directory,
         "keep": keep,
     }
-    if quick:
-        settings = bench.MetadataSettings.quick(**overrides, **fixed)
-    else:
-        given = {k: v for k, v in overrides.items() if v is not None}
-        settings = bench.MetadataSettings(**given, **fixed)
-    document = bench.run(settings, progress=report.progress_printer(not json_output))
-    report.publish(
-        document,
-        render=bench.render,
-        plot=bench.plot,
+    report.run_and_publish(
+        bench,
+        bench.MetadataSettings,
+        quick=quick,
+        overrides=overrides,
+        fixed=fixed,
         json_stdout=json_output,
         json_path=json_out,
         plot_path=plot_path,

@@ -130,16 +130,12 @@ def storage(
         "directory": directory,
         "keep": keep,
     }
-    if quick:
-        settings = bench.StorageSettings.quick(**overrides, **fixed)
-    else:
-        given = {k: v for k, v in overrides.items() if v is not None}
-        settings = bench.StorageSettings(**given, **fixed)
-    document = bench.run(settings, progress=report.progress_printer(not json_output))
-    report.publish(
-        document,
-        render=bench.render,
-        plot=bench.plot,
+    report.run_and_publish(
+        bench,
+        bench.StorageSettings,
+        quick=quick,
+        overrides=overrides,
+        fixed=fixed,
         json_stdout=json_output,
         json_path=json_out,
         plot_path=plot_path,
