@@ -255,7 +255,7 @@ def test_lookup_wait_is_a_budget_per_step_not_per_request(
     harnesses: list[Harness], tiny_model_dir: Path, store: Path
 ) -> None:
     # 100 waiting requests and a store that never answers: the step waits for lookups
-    # at most lookup_wait_ms in all (per request it would be 100 x 20 ms = 2 s).
+    # at most lookup_wait_ms in all (per request it would be 100 x 50 ms = 5 s).
     with socket.socket() as silent:
         silent.bind(("127.0.0.1", 0))
         silent.listen(128)
@@ -263,7 +263,7 @@ def test_lookup_wait_is_a_budget_per_step_not_per_request(
             "metadata.url": f"http://127.0.0.1:{silent.getsockname()[1]}",
             "metadata.timeout_s": 2,
             "metadata.retry_backoff_s": 60,
-            "connector.lookup_wait_ms": 20,
+            "connector.lookup_wait_ms": 50,
         }
         harness = _new(harnesses, tiny_model_dir, store, extra=extra)
         for index in range(100):
@@ -281,7 +281,7 @@ def test_lookup_wait_is_a_budget_per_step_not_per_request(
         started = time.monotonic()
         harness.scheduler.schedule()
         elapsed = time.monotonic() - started
-    assert (len(set(asked)) >= 100, elapsed < 1.0) == (True, True)
+    assert (len(set(asked)) >= 100, elapsed < 2.5) == (True, True)
 
 
 def test_load_failure_policy_other_than_recompute_is_warned(
