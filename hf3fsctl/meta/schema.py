@@ -136,6 +136,13 @@ BEGIN
 END;
 """
 
+# Indexes on columns a migration may have just added: created after `migration_sql`.
+LATE_INDEXES = [
+    # The pages being given back (few at any time): found without scanning the free list.
+    "CREATE INDEX IF NOT EXISTS free_pages_giving_back ON free_pages (namespace, rank, page)"
+    " WHERE punched = 2",
+]
+
 # Columns added since schema 1, as (table, column, declaration, value for existing rows).
 # Files registered by schema 1 were preallocated at their full size.
 _ADDED_IN_2 = [

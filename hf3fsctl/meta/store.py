@@ -232,6 +232,8 @@ class MetadataStore:
                         + f"'{schema.SCHEMA_VERSION}');"
                     )
                     self._migrate(conn)
+                    for statement in schema.LATE_INDEXES:
+                        conn.execute(statement)
                     conn.execute("COMMIT")
                 except BaseException:
                     if conn.in_transaction:
@@ -686,7 +688,7 @@ class MetadataStore:
         """Whether some writer's freed pages are marked and not yet punched."""
         with self._read() as conn:
             row = conn.execute(
-                "SELECT 1 FROM free_pages WHERE punched = ? LIMIT 1", (room.GIVING_BACK,)
+                f"SELECT 1 FROM free_pages WHERE punched = {room.GIVING_BACK} LIMIT 1"
             ).fetchone()
         return row is not None
 
