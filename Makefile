@@ -47,10 +47,10 @@ promtool:
 pytest: setup promtool
 	$(PY) -m pytest -q
 
-# Optional: compile the gather/scatter ops (csrc/) into hf3fsctl/_ops.so; CUDA when nvcc
+# Optional: compile the gather/scatter ops (hf3fsctl/ops/csrc/) into hf3fsctl/_ops.so; CUDA when nvcc
 # and a CUDA torch are present, else the CPU op. Without it staging uses pure torch.
 build-ops: setup
-	$(PY) csrc/build.py
+	$(PY) -m hf3fsctl.ops.build
 
 bench: bench-storage bench-metadata bench-vllm
 

@@ -16,7 +16,7 @@ Contract:
       the tests compare against; never used on the data path.
     * `_ops()` is the only dispatch point: it loads the compiled `csrc/` library
       (`$HF3FSCTL_OPS_LIB`, else `_ops.so` beside this module; built by
-      `python csrc/build.py`, never at import) and uses it where it supports the tensors'
+      `python -m hf3fsctl.ops.build`, never at import) and uses it where it supports the tensors'
       device, else the pure-torch path; it logs once which implementation is active.
     * `StagingPool` hands out uint8 host buffers up to a fixed byte budget, reuses freed
       ones (a larger cached one rather than fresh memory), pins them when CUDA is
@@ -161,7 +161,7 @@ class _TorchOps:
 
 # How the CUDA op reaches pinned host staging: "zero_copy" (the kernel reads/writes the
 # pinned pages in place over PCIe) or "bounce" (the kernel fills a device buffer, then one
-# cudaMemcpyAsync). Chosen by measurement: see csrc/NOTES.md.
+# cudaMemcpyAsync). Chosen by measurement: see docs/staging-ops.md.
 HOST_TRANSFER = "zero_copy"
 _LIBRARY_ENV = "HF3FSCTL_OPS_LIB"
 _LIBRARY_NAME = "_ops.so"

@@ -38,10 +38,10 @@ QUESTIONS = (
 
 
 def load_runner() -> ModuleType:
-    """The engine runner (`hf3fsctl.vllm_runner`: one vLLM engine per fresh process)."""
-    from hf3fsctl import vllm_runner
+    """The engine runner (`hf3fsctl.vllm_tools.runner`: one vLLM engine per fresh process)."""
+    from hf3fsctl.vllm_tools import runner
 
-    return vllm_runner
+    return runner
 
 
 def hf3fsctl(*args: str, capture: bool = False) -> str:
@@ -128,7 +128,7 @@ def show_runs(cold: Any, warm: Any) -> tuple[bool, int]:
 def main() -> int:
     """Run the demo; 0 when the warm run hit and reproduced the cold outputs."""
     sys.path.insert(0, str(ROOT))
-    from hf3fsctl.tiny_model import SIZES, build_tiny_model
+    from hf3fsctl.vllm_tools.tiny_model import SIZES, build_tiny_model
 
     runner = load_runner()
     base = ROOT / ".demo"

@@ -4,7 +4,7 @@ The workload is vLLM's `prefix_repetition` dataset shape: `prefixes` random shar
 prefixes of `prefix_tokens` tokens, each followed by `suffixes` distinct random suffixes
 of `suffix_tokens` tokens (token ids, so no tokenizer round trip), shuffled with a seed,
 `output_tokens` greedy tokens each (`ignore_eos`). Every configuration is a fresh engine
-process (`hf3fsctl.vllm_runner`), so "warm" really means another process reading the
+process (`hf3fsctl.vllm_tools.runner`), so "warm" really means another process reading the
 store:
 
 - `none`: no connector (vLLM's own prefix cache is on, as it always is). It is pass 1
@@ -73,7 +73,7 @@ from hf3fsctl.errors import Hf3fsctlError, InvalidRequest
 if TYPE_CHECKING:
     from rich.console import RenderableType
 
-    from hf3fsctl.vllm_runner import EngineResult, RequestResult
+    from hf3fsctl.vllm_tools.runner import EngineResult, RequestResult
 
 MIB = 1 << 20
 PEERS = ("example", "lmcache")
@@ -554,7 +554,7 @@ class _Offline:
         multiprocess: bool = False,
     ) -> EngineResult | None:
         """One engine process for `names` (two names: two passes); None when it failed."""
-        from hf3fsctl.vllm_runner import EngineRun, EngineRunError, run_engine
+        from hf3fsctl.vllm_tools.runner import EngineRun, EngineRunError, run_engine
 
         s = self.s
         remaining = self.deadline - time.monotonic()
@@ -635,7 +635,7 @@ class _Offline:
             extra = {**kv["kv_connector_extra_config"], **ASYNC_LOAD}
             self._engine(["warm-async"], model, prompts, {**kv, "kv_connector_extra_config": extra})
         if "example-cold" in names:
-            from hf3fsctl.vllm_runner import example_kv_config
+            from hf3fsctl.vllm_tools.runner import example_kv_config
 
             example = example_kv_config(scratch / f"example-{repeat}")
             self._engine(["example-cold"], model, prompts, example)
@@ -682,7 +682,7 @@ def _resolve_model(settings: E2ESettings, work: Path, log: Callable[[str], None]
         if not (model / "config.json").is_file():
             raise InvalidRequest(f"--model {settings.model!r} is not a model directory")
         return model
-    from hf3fsctl.tiny_model import SIZES, build_tiny_model
+    from hf3fsctl.vllm_tools.tiny_model import SIZES, build_tiny_model
 
     if settings.model_size not in SIZES:
         raise InvalidRequest(f"unknown tiny model size {settings.model_size!r}")

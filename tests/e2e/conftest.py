@@ -29,13 +29,13 @@ from e2e_scenario import (
     make_store,
 )
 
-from hf3fsctl.vllm_runner import EngineResult, EngineRun, run_engine, shared_prefix_prompts
+from hf3fsctl.vllm_tools.runner import EngineResult, EngineRun, run_engine, shared_prefix_prompts
 
 
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tiny random Llama (seed 0, fp32), built once."""
-    from hf3fsctl.tiny_model import SIZES, build_tiny_model
+    from hf3fsctl.vllm_tools.tiny_model import SIZES, build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("models") / "tiny", SIZES["tiny"])
 

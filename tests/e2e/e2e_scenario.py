@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hf3fsctl.vllm_runner import hf3fsctl_kv_config
+from hf3fsctl.vllm_tools.runner import hf3fsctl_kv_config
 
 # The model's own dtype. vLLM's "auto" would run an fp32 checkpoint in bfloat16, which
 # this CPU (no AVX512-BF16) emulates slowly.

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 from e2e_scenario import BLOCK, EXACT_BLOCKS, EXACT_IDX, LONG, PREFIX, SHORT_IDX, SUFFIX
 
-from hf3fsctl.vllm_runner import EngineResult
+from hf3fsctl.vllm_tools.runner import EngineResult
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

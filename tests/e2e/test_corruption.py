@@ -8,7 +8,7 @@ from collections.abc import Callable
 import pytest
 from e2e_scenario import BOUNDED_RUN_S, E2EStore, corrupt_committed_pages
 
-from hf3fsctl.vllm_runner import EngineResult
+from hf3fsctl.vllm_tools.runner import EngineResult
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

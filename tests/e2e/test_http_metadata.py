@@ -13,7 +13,7 @@ import pytest
 from e2e_scenario import BLOCK, BOUNDED_RUN_S, LONG, PREFIX, SUFFIX, E2EStore, make_store
 from helpers.servers import TOKEN, ServerProcess, start_server
 
-from hf3fsctl.vllm_runner import EngineResult
+from hf3fsctl.vllm_tools.runner import EngineResult
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.integration]
 

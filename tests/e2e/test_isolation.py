@@ -8,7 +8,7 @@ from dataclasses import replace
 import pytest
 from e2e_scenario import LONG, E2EStore
 
-from hf3fsctl.vllm_runner import EngineResult
+from hf3fsctl.vllm_tools.runner import EngineResult
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -22,7 +22,7 @@ def other_model_run(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> EngineResult:
     """The same prompts on the same (filled) store, with a model that must not match."""
-    from hf3fsctl.tiny_model import SIZES, build_tiny_model
+    from hf3fsctl.vllm_tools.tiny_model import SIZES, build_tiny_model
 
     if request.param == "other-weights":
         other = build_tiny_model(

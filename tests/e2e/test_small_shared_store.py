@@ -27,7 +27,7 @@ import pytest
 from e2e_scenario import BLOCK, DTYPE, RUN_TIMEOUT_S
 
 from hf3fsctl.storage.extents import disk_bytes
-from hf3fsctl.vllm_runner import EngineResult, EngineRun, run_engine, shared_prefix_prompts
+from hf3fsctl.vllm_tools.runner import EngineResult, EngineRun, run_engine, shared_prefix_prompts
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -72,7 +72,7 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """Two tiny models of the same shape and different weights (different namespaces)."""
     from dataclasses import replace
 
-    from hf3fsctl.tiny_model import SIZES, build_tiny_model
+    from hf3fsctl.vllm_tools.tiny_model import SIZES, build_tiny_model
 
     root = tmp_path_factory.mktemp("capacity-models")
     return {

@@ -12,7 +12,7 @@ from collections.abc import Callable
 import pytest
 from e2e_scenario import BLOCK, E2EStore, make_store
 
-from hf3fsctl.vllm_runner import EngineResult, shared_prefix_prompts
+from hf3fsctl.vllm_tools.runner import EngineResult, shared_prefix_prompts
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

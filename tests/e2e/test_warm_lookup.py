@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 from e2e_scenario import BLOCK, DTYPE, RUN_TIMEOUT_S
 
-from hf3fsctl.vllm_runner import EngineResult, EngineRun, run_engine
+from hf3fsctl.vllm_tools.runner import EngineResult, EngineRun, run_engine
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

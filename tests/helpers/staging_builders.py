@@ -1,6 +1,6 @@
 """Builders for the staging-kernel tests: KV segments of chosen geometry, the compiled ops.
 
-`build_compiled_ops` compiles csrc/ into a test directory (or reuses a library already
+`build_compiled_ops` compiles hf3fsctl/ops/csrc/ into a test directory (or reuses a library already
 loaded in this process) and returns the devices it supports.
 """
 
@@ -94,7 +94,7 @@ def build_compiled_ops(out_dir: Path, *, cuda: bool) -> frozenset[str]:
         return devices
     flag = "--cuda" if cuda else "--cpu"
     subprocess.run(
-        [sys.executable, str(REPO / "csrc" / "build.py"), flag, "--out", str(out_dir)],
+        [sys.executable, "-m", "hf3fsctl.ops.build", flag, "--out", str(out_dir)],
         check=True,
     )
     return load_compiled_ops(out_dir / "_ops.so")

@@ -207,7 +207,7 @@ def test_unpin_refuses_keys_and_all_together(filled: tuple[Store, list[str]]) ->
 @pytest.fixture(scope="module")
 def tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A model directory holding only a tiny BPE tokenizer (no weights: fast)."""
-    from hf3fsctl.tiny_model import build_tokenizer
+    from hf3fsctl.vllm_tools.tiny_model import build_tokenizer
 
     out = tmp_path_factory.mktemp("tokenizer")
     build_tokenizer(out, vocab_size=4096)

@@ -1,6 +1,6 @@
 """Device diagnostic: does a caller error raised inside the ops library reach Python?
 
-Usage: ``python csrc/throw_check.py LIBRARY {cpu|cuda}`` — loads LIBRARY, calls
+Usage: ``python scripts/ops_throw_check.py LIBRARY {cpu|cuda}`` — loads LIBRARY, calls
 gather_pages with an out-of-range column on the given device, prints the exception type.
 A crash here (rc -11) means C++ exceptions cannot leave the library in this build.
 """

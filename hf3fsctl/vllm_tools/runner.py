@@ -1,6 +1,6 @@
 """Run one real vLLM engine in a fresh subprocess and get its results back as JSON.
 
-Contract: `run_engine(EngineRun(...))` starts `python -m hf3fsctl.vllm_runner SPEC OUT` with
+Contract: `run_engine(EngineRun(...))` starts `python -m hf3fsctl.vllm_tools.runner SPEC OUT` with
 `VLLM_ENABLE_V1_MULTIPROCESSING=0` (engine core, scheduler and worker in that one
 process), builds `vllm.LLM` with `enforce_eager=True` and an explicit
 `kv_cache_memory_bytes`, runs one unrelated warm-up request, then the prompts (greedy),
@@ -173,7 +173,7 @@ def run_engine(run: EngineRun) -> EngineResult:
         start = time.perf_counter()
         try:
             proc = subprocess.run(
-                [sys.executable, "-m", "hf3fsctl.vllm_runner", str(spec_path), str(out_path)],
+                [sys.executable, "-m", "hf3fsctl.vllm_tools.runner", str(spec_path), str(out_path)],
                 env=env,
                 capture_output=True,
                 text=True,

@@ -1,6 +1,6 @@
 """Build the hf3fsctl staging ops into a shared library that `torch.ops.load_library` loads.
 
-Usage: ``python csrc/build.py [--cuda|--cpu] [--out DIR] [--jobs N]``
+Usage: ``python -m hf3fsctl.ops.build [--cuda|--cpu] [--out DIR] [--jobs N]``
 
 Contract:
     * Compiles `registration.cpp` + `staging_cpu.cpp` (always) and `staging_cuda.cu`
@@ -27,8 +27,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-PACKAGE_DIR = HERE.parent / "hf3fsctl"
+SOURCES = Path(__file__).resolve().parent / "csrc"
+PACKAGE_DIR = Path(__file__).resolve().parent.parent
 LIBRARY_NAME = "_ops.so"
 
 
@@ -73,7 +73,7 @@ def _commands(
     commands, objects = [], []
     for name in ("registration.cpp", "staging_cpu.cpp"):
         obj = objdir / (name + ".o")
-        commands.append([cxx, *cxxflags, "-c", str(HERE / name), "-o", str(obj)])
+        commands.append([cxx, *cxxflags, "-c", str(SOURCES / name), "-o", str(obj)])
         objects.append(obj)
     if cuda:
         arch = os.environ.get("HF3FSCTL_CUDA_ARCH", "90")
@@ -93,7 +93,7 @@ def _commands(
                 *includes,
                 python_include,
                 "-c",
-                str(HERE / "staging_cuda.cu"),
+                str(SOURCES / "staging_cuda.cu"),
                 "-o",
                 str(obj),
             ]

@@ -6,7 +6,7 @@ on a machine with no model hub. This writes `config.json`, `generation_config.js
 byte-level BPE trained on the Python standard library's sources (always on disk).
 Weights are seeded, so the same arguments give the same files and greedy outputs.
 
-Run: `python -m hf3fsctl.tiny_model OUT_DIR [--size tiny|bench] [--seed N]`.
+Run: `python -m hf3fsctl.vllm_tools.tiny_model OUT_DIR [--size tiny|bench] [--seed N]`.
 Not part of the core: nothing in `hf3fsctl` imports it.
 """
 

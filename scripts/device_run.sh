@@ -2,7 +2,7 @@
 # One device-machine session: build the CUDA staging ops, check that caller errors raised
 # in the library reach Python (per build variant), run the GPU and staging tests, run the
 # staging benchmark. Logs and the benchmark's JSON go under $OUT (default /tmp/...).
-# Usage (repository root): bash csrc/device_run.sh
+# Usage (repository root): bash scripts/device_run.sh
 set -uo pipefail
 OUT=${OUT:-/tmp/hf3fsctl-device-run}
 mkdir -p "$OUT"
@@ -18,9 +18,9 @@ status=0
 } 2>&1 | tee "$OUT/env.log"
 
 echo "== build"
-"$PY" csrc/build.py --cpu --out /tmp/ops-cpu > "$OUT/build.log" 2>&1 &
-"$PY" csrc/build.py --cpu --no-openmp --out /tmp/ops-cpu-serial >> "$OUT/build.log" 2>&1 &
-if ! "$PY" csrc/build.py --cuda >> "$OUT/build.log" 2>&1; then
+"$PY" -m hf3fsctl.ops.build --cpu --out /tmp/ops-cpu > "$OUT/build.log" 2>&1 &
+"$PY" -m hf3fsctl.ops.build --cpu --no-openmp --out /tmp/ops-cpu-serial >> "$OUT/build.log" 2>&1 &
+if ! "$PY" -m hf3fsctl.ops.build --cuda >> "$OUT/build.log" 2>&1; then
   echo "BUILD FAILED"; status=1
 fi
 wait
@@ -31,11 +31,11 @@ cuobjdump --dump-sass hf3fsctl/_ops.so 2>/dev/null \
 echo "== throw check"
 for lib in hf3fsctl/_ops.so:cpu hf3fsctl/_ops.so:cuda /tmp/ops-cpu/_ops.so:cpu \
            /tmp/ops-cpu-serial/_ops.so:cpu; do
-  timeout 60 "$PY" csrc/throw_check.py "${lib%%:*}" "${lib##*:}" > /tmp/throw.txt 2>&1
+  timeout 60 "$PY" scripts/ops_throw_check.py "${lib%%:*}" "${lib##*:}" > /tmp/throw.txt 2>&1
   echo "$lib rc=$? $(tail -1 /tmp/throw.txt)"
 done 2>&1 | tee "$OUT/throw.log"
 if grep -q "rc=1[0-9][0-9]" "$OUT/throw.log"; then
-  timeout 150 cuda-gdb -batch -ex run -ex bt --args "$PY" csrc/throw_check.py hf3fsctl/_ops.so cpu \
+  timeout 150 cuda-gdb -batch -ex run -ex bt --args "$PY" scripts/ops_throw_check.py hf3fsctl/_ops.so cpu \
     > "$OUT/gdb.log" 2>&1
   grep -E "^#[0-9]+" "$OUT/gdb.log" | head -30
 fi
