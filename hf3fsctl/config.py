@@ -320,6 +320,13 @@ class MetadataConfig(ConfigSection):
         5.0, "connector: wait this long before retrying a dead service", ge=0
     )
     lease_s: float = _field(30.0, "a located page is not reused for this long", ge=0.1, le=3600)
+    pending_timeout_s: float = _field(
+        120.0,
+        "an allocation not committed this long after it was granted belongs to a dead "
+        "writer: its pages may be reclaimed",
+        ge=0.1,
+        le=86400,
+    )
     high_watermark: float = _field(
         0.95, "evict when the store (or a quota) is fuller than this", ge=0, le=1
     )

@@ -43,12 +43,15 @@ class StorePolicy:
         capacity: the capacity a store without a recorded one starts with.
         max_pinned: the most bytes pins may hold (a size or a share of capacity).
         quotas: namespace id or model name → a size or a share of capacity.
+        pending_timeout_s: how long a writer has to commit the pages it was granted
+            before they count as a dead writer's (None: the store's own default).
     """
 
     storage_root: str | None = None
     capacity: str = "80%"
     max_pinned: str = "25%"
     quotas: Mapping[str, str] = field(default_factory=dict)
+    pending_timeout_s: float | None = None
 
     @classmethod
     def from_config(cls, config: Config) -> StorePolicy:
@@ -58,6 +61,7 @@ class StorePolicy:
             capacity=config.storage.capacity,
             max_pinned=config.storage.max_pinned,
             quotas=dict(config.quotas),
+            pending_timeout_s=config.metadata.pending_timeout_s,
         )
 
     def root_available(self) -> bool:

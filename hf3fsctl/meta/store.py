@@ -140,7 +140,8 @@ class MetadataStore:
         busy_timeout_s: how long a call waits for another writer before it raises
             `MetadataUnavailable`.
         pending_timeout_s: a pending allocation older than this belongs to a dead
-            writer and may be reclaimed.
+            writer and may be reclaimed (`policy.pending_timeout_s`, the configured
+            `metadata.pending_timeout_s`, wins when set).
         durable: `synchronous=FULL` (survive power loss) instead of NORMAL.
         background_checkpoint: checkpoint the WAL in a background thread
             (`WalCheckpointer`) rather than inside whichever commit fills it; for
@@ -172,10 +173,12 @@ class MetadataStore:
         self.high_watermark = float(high_watermark)
         self.low_watermark = float(low_watermark)
         self.busy_timeout_s = float(busy_timeout_s)
+        self.policy = policy or StorePolicy(storage_root=None, capacity="100%")
+        if self.policy.pending_timeout_s is not None:  # the configured deadline wins
+            pending_timeout_s = self.policy.pending_timeout_s
         self.pending_timeout_s = float(pending_timeout_s)
         self.durable = durable
         self.background_checkpoint = background_checkpoint
-        self.policy = policy or StorePolicy(storage_root=None, capacity="100%")
         self._punch_refused = False  # the file system refused a hole punch: stop relying on it
         self._punch_probed = False
         self._local = threading.local()
