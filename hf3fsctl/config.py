@@ -305,15 +305,20 @@ class MetadataConfig(ConfigSection):
 
     url: str = _field(
         "",
-        "sqlite:///PATH (embedded, no server) or http://HOST:PORT (hf3fsctl serve); "
-        "empty = sqlite:///<storage.path>/metadata.db",
+        "sqlite:///PATH (embedded, no server), http://HOST:PORT (hf3fsctl serve), "
+        "redis://HOST:PORT/DB, rediss://… or redis+sentinel://HOST:PORT[,…]/SERVICE "
+        "(a shared Redis); empty = sqlite:///<storage.path>/metadata.db",
         kind="url",
     )
     timeout_s: float = _field(2.0, "timeout of every metadata call", ge=0.01, le=600)
-    token_file: str | None = _field(None, "file holding the bearer token for http:// URLs")
+    token_file: str | None = _field(
+        None,
+        "file holding the bearer token for http:// URLs (for redis:// URLs without a "
+        "password: the Redis password)",
+    )
     ca_file: str | None = _field(
         None,
-        "PEM file of the CA that signed an https:// service's certificate "
+        "PEM file of the CA that signed an https:// service's (or rediss:// server's) certificate "
         "(default: the system's trust store)",
     )
     retry_backoff_s: float = _field(
@@ -395,33 +400,62 @@ class ConnectorConfig(ConfigSection):
         "sync: load inside the step that computes the rest of the prompt; "
         "async: load on a thread while the engine runs other requests",
     )
+    kv_events_poll_s: float = _field(
+        1.0,
+        "with vLLM's KV events on: how often the store's change log is read for "
+        "BlockStored/BlockRemoved events",
+        ge=0.05,
+        le=3600,
+    )
+    kv_events_medium: str = _field(
+        "HF3FS", "the `medium` of the connector's KV events (names this store to routers)"
+    )
 
 
 _HTTP_RE = re.compile(r"(https?)://([^/\s]+)(/\S*)?")
 
 
 class MetadataUrl(BaseModel):
-    """A parsed metadata URL: `sqlite:///PATH` (embedded; `path`) or `http(s)://HOST:PORT[/PREFIX]`
-    (a service; `base`, without a trailing slash)."""
+    """A parsed metadata URL.
+
+    - `sqlite:///PATH`: embedded (`path`).
+    - `http(s)://HOST:PORT[/PREFIX]`: `hf3fsctl serve` (`base`, without a trailing slash).
+    - `redis://[USER[:PASSWORD]@]HOST:PORT[/DB]`, `rediss://…` (TLS): one Redis server;
+      `redis+sentinel://[USER[:PASSWORD]@]HOST:PORT[,HOST:PORT…]/SERVICE[/DB]`: the master
+      of `SERVICE` as Redis Sentinels report it (`hosts` are the sentinels). The password
+      is `password` only: `url` and `repr` show it as `***`, so logging either is safe.
+    """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     url: str
-    scheme: Literal["sqlite", "http", "https"]
+    scheme: Literal["sqlite", "http", "https", "redis", "rediss", "redis+sentinel"]
     path: str | None = None
     base: str | None = None
+    hosts: tuple[tuple[str, int], ...] = ()  # redis: the server; sentinel: the sentinels
+    db: int = 0
+    service: str | None = None  # redis+sentinel: the monitored master's name
+    username: str | None = None
+    password: str | None = Field(default=None, repr=False)
 
     @property
     def embedded(self) -> bool:
         """An embedded (`sqlite`) store, opened in this process."""
         return self.scheme == "sqlite"
 
+    @property
+    def redis(self) -> bool:
+        """A Redis store (`redis`, `rediss`, `redis+sentinel`), reached directly."""
+        return self.scheme.startswith("redis")
+
     @classmethod
     def parse(cls, url: str, key: str = "metadata.url") -> MetadataUrl:
-        """Parse `sqlite:////ABS/PATH`, `sqlite:///ABS/PATH`, `http(s)://HOST:PORT[/PREFIX]`.
+        """Parse `sqlite:////ABS/PATH`, `sqlite:///ABS/PATH`, `http(s)://HOST:PORT[/PREFIX]`,
+        `redis://HOST:PORT[/DB]`, `rediss://…` or `redis+sentinel://HOST:PORT[,…]/SERVICE[/DB]`.
 
         Raises:
-            ConfigError: naming `key` when the URL is none of these.
+            ConfigError: naming `key` when the URL is none of these (the message never
+                repeats a password).
         """
         text = url.strip() if isinstance(url, str) else ""
         if text.startswith("sqlite:///") and len(text) > len("sqlite:///"):
@@ -431,10 +465,71 @@ class MetadataUrl(BaseModel):
         if match is not None:
             scheme: Literal["http", "https"] = "https" if match.group(1) == "https" else "http"
             return cls(url=text, scheme=scheme, base=text.rstrip("/"))
+        redis = _REDIS_RE.fullmatch(text)
+        if redis is not None:
+            return cls._parse_redis(redis, key)
         raise ConfigError(
-            f"{key}: {url!r} is not a metadata URL; use sqlite:///ABSOLUTE/PATH.db or "
-            "http://HOST:PORT"
+            f"{key}: {_redact(text or url)!r} is not a metadata URL; use "
+            "sqlite:///ABSOLUTE/PATH.db, http://HOST:PORT, redis://HOST:PORT/DB or "
+            "redis+sentinel://HOST:PORT[,HOST:PORT]/SERVICE"
         )
+
+    @classmethod
+    def _parse_redis(cls, match: re.Match[str], key: str) -> MetadataUrl:
+        from urllib.parse import unquote
+
+        scheme, userinfo, hosts_text, rest = match.groups()
+        username = password = None
+        if userinfo is not None:
+            user, sep, secret = userinfo.partition(":")
+            username = unquote(user) or None
+            password = unquote(secret) if sep else None
+            if not sep:  # `redis://PASSWORD@host` is redis-py's form for a password alone
+                username, password = None, unquote(user)
+        hosts = []
+        for item in hosts_text.split(","):
+            host, _, port = item.rpartition(":")
+            if not host or not port.isdigit() or not 0 < int(port) < 65536:
+                raise ConfigError(
+                    f"{key}: {_redact(match.group(0))!r} is not a metadata URL: {item!r} is "
+                    "not HOST:PORT",
+                    hint="give every Redis server or sentinel as HOST:PORT",
+                )
+            hosts.append((host.strip("[]"), int(port)))
+        parts = [p for p in (rest or "").split("/") if p]
+        service = None
+        if scheme == "redis+sentinel":
+            if not parts:
+                raise ConfigError(
+                    f"{key}: {_redact(match.group(0))!r} names no Sentinel service",
+                    hint="use redis+sentinel://HOST:PORT[,HOST:PORT]/SERVICE_NAME[/DB]",
+                )
+            service = parts.pop(0)
+        elif len(hosts) > 1:
+            raise ConfigError(
+                f"{key}: {scheme}:// takes one HOST:PORT; several are for redis+sentinel://"
+            )
+        if len(parts) > 1 or (parts and not parts[0].isdigit()):
+            raise ConfigError(f"{key}: the database of {_redact(match.group(0))!r} is not a number")
+        return cls(
+            url=_redact(match.group(0)),
+            scheme=scheme,  # type: ignore[arg-type]  # the pattern allows only these
+            hosts=tuple(hosts),
+            db=int(parts[0]) if parts else 0,
+            service=service,
+            username=username,
+            password=password,
+        )
+
+
+_REDIS_RE = re.compile(r"(redis|rediss|redis\+sentinel)://(?:([^@/\s]*)@)?([^@/\s]+)(/\S*)?")
+
+
+def _redact(url: str) -> str:
+    """`url` with the password of its user information replaced by `***` (all of it
+    when it has no `:`: `redis://SECRET@host` is a password alone)."""
+    url = re.sub(r"^([a-z+]+://)([^@/\s:]*):[^@/\s]*@", r"\1\2:***@", url)
+    return re.sub(r"^([a-z+]+://)[^@/\s:]+@", r"\1***@", url)
 
 
 def _check_quotas(quotas: Mapping[str, Any]) -> dict[str, str]:
