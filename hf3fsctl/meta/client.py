@@ -43,6 +43,7 @@ from hf3fsctl.meta.models import (
     AllocateResult,
     Allocation,
     CapacityInfo,
+    ChangeLog,
     CommitItem,
     DropNamespacesResult,
     EntryInfo,
@@ -153,6 +154,10 @@ class MetadataClient(Protocol):
         self, namespace_ids: Sequence[str], *, dry_run: bool = False
     ) -> DropNamespacesResult:
         """Remove namespaces' metadata (the caller removes their page files)."""
+        ...
+
+    def changes(self, since: int, namespace: str | None = None, limit: int = 10_000) -> ChangeLog:
+        """The change log after `since` (-1: its end): keys that gained or lost a rank."""
         ...
 
     def health(self) -> dict[str, Any]:

@@ -21,6 +21,8 @@ import threading
 from collections.abc import Sequence
 from itertools import repeat
 
+from hf3fsctl.meta.models import Change, ChangeLog
+
 logger = logging.getLogger(__name__)
 
 KEEP_CHANGES = 200_000
@@ -97,3 +99,35 @@ class CommittedIndex:
                 return enough.index(False)
             except ValueError:
                 return len(enough)
+
+
+def read_changes(
+    conn: sqlite3.Connection, since: int, namespace: str | None, limit: int
+) -> ChangeLog:
+    """Rows of the log after `since` (at most `limit`), for followers such as KV events.
+
+    `since = -1` starts at the log's end: no rows, and `next_seq` is where to read next.
+    `missed` says rows after `since` were already pruned.
+    """
+    row = conn.execute("SELECT seq FROM sqlite_sequence WHERE name = 'changes'").fetchone()
+    last = int(row[0]) if row else 0
+    if since < 0 or since >= last:
+        return ChangeLog(changes=[], next_seq=max(since, last) if since >= 0 else last)
+    oldest = conn.execute("SELECT MIN(seq) FROM changes").fetchone()[0]
+    missed = oldest is None or oldest > since + 1
+    # Read seq-ordered rows up to `limit` of the whole log, then filter by namespace:
+    # `next_seq` then advances over other namespaces' rows too.
+    rows = conn.execute(
+        "SELECT seq, namespace, key, delta FROM changes WHERE seq > ? ORDER BY seq LIMIT ?",
+        (since, limit),
+    ).fetchall()
+    next_seq = rows[-1][0] if rows else last
+    return ChangeLog(
+        changes=[
+            Change(seq=seq, namespace=ns, key=key, delta=delta)
+            for seq, ns, key, delta in rows
+            if namespace is None or ns == namespace
+        ],
+        next_seq=next_seq,
+        missed=missed,
+    )

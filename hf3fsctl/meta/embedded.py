@@ -24,6 +24,7 @@ from hf3fsctl.meta.models import (
     AllocateResult,
     Allocation,
     CapacityInfo,
+    ChangeLog,
     CommitItem,
     DropNamespacesResult,
     EntryInfo,
@@ -179,6 +180,10 @@ class EmbeddedMetadataClient:
     ) -> DropNamespacesResult:
         """Remove namespaces' metadata (the caller removes their page files)."""
         return self.store.drop_namespaces(namespace_ids, dry_run=dry_run)
+
+    def changes(self, since: int, namespace: str | None = None, limit: int = 10_000) -> ChangeLog:
+        """The change log after `since` (-1: its end)."""
+        return self.store.changes(since, namespace, limit)
 
     def health(self) -> dict[str, Any]:
         """A cheap liveness check of the database."""

@@ -78,6 +78,7 @@ from hf3fsctl.meta.models import (
     AllocateResult,
     Allocation,
     CapacityInfo,
+    ChangeLog,
     CommitItem,
     CountResponse,
     DropNamespacesResult,
@@ -468,6 +469,11 @@ class HttpMetadataClient:
         """Remove namespaces' metadata (not retried)."""
         body = self._dumps({"namespaces": list(namespace_ids), "dry_run": dry_run})
         return self._post("/v1/namespaces/drop", body, DropNamespacesResult, False)
+
+    def changes(self, since: int, namespace: str | None = None, limit: int = 10_000) -> ChangeLog:
+        """The change log after `since` (a read: retried)."""
+        body = self._dumps({"since": since, "namespace": namespace, "limit": limit})
+        return self._post("/v1/changes", body, ChangeLog, True)
 
     def health(self) -> dict[str, Any]:
         """`/healthz` of the service; `MetadataUnavailable` when it does not answer."""

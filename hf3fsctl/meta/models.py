@@ -14,7 +14,7 @@ SQLite are bounded by its INTEGER range, so an oversized number is a 422, not a 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     AfterValidator,
@@ -300,6 +300,28 @@ class EntryInfo(_Model):
     pinned: bool = False
 
 
+class Change(_Model):
+    """One row of the store's change log: a (namespace, key) gained or lost a committed rank."""
+
+    seq: int  # position in the log, increasing
+    namespace: NamespaceId
+    key: Key
+    delta: Literal[1, -1]  # +1: one more rank committed; -1: a committed rank removed
+
+
+class ChangeLog(_Model):
+    """A slice of the change log, for KV events and other followers of the store.
+
+    `next_seq` is where the next read starts. `missed` is True when rows after the
+    requested `since` were already pruned (the follower lost some changes and should
+    treat what it knew as stale).
+    """
+
+    changes: list[Change]
+    next_seq: int
+    missed: bool = False
+
+
 # --- request bodies (HTTP) ---------------------------------------------------------
 
 
@@ -355,6 +377,14 @@ class InvalidateRequest(_Model):
     namespace: NamespaceId
     rank: Rank
     items: list[InvalidateItem]
+
+
+class ChangesRequest(_Model):
+    """Read the change log after `since` (-1: start at its end, returning no rows)."""
+
+    since: int = Field(ge=-1, le=SQL_INT_MAX)
+    namespace: NamespaceId | None = None  # only this namespace's changes
+    limit: int = Field(default=10_000, ge=1, le=100_000)
 
 
 class CountResponse(_Model):

@@ -15,6 +15,7 @@ Routes (bodies are the `*Request` models of `meta/models.py`; answers are JSON m
 | `GET /v1/capacity`, `PUT /v1/capacity` | the store's recorded capacity |
 | `POST /v1/pins`, `POST /v1/unpin`, `GET /v1/pins` | pins (kept out of LRU eviction) |
 | `POST /v1/namespaces/drop` | remove namespaces' metadata (`evict --stale`) |
+| `POST /v1/changes` | the change log: keys that gained or lost a committed rank (KV events) |
 
 Auth: when a token is configured, every `/v1` route and `/metrics` need
 `Authorization: Bearer <token>` (the simplest rule that cannot leak a namespace's
@@ -88,6 +89,8 @@ from hf3fsctl.meta.models import (
     AllocateRequest,
     AllocateResult,
     CapacityInfo,
+    ChangeLog,
+    ChangesRequest,
     CommitRequest,
     CountResponse,
     DropNamespacesRequest,
@@ -545,6 +548,11 @@ def create_app(
     ) -> Response:
         """Live pins, newest first."""
         return await read(lambda: _json(_PINS.dump_json(store.list_pins(namespace, limit))))
+
+    @v1.post("/changes", response_model=ChangeLog, responses=documented(400, 422))
+    async def changes(body: ChangesRequest = limited(ChangesRequest)) -> Response:
+        """The store's change log after `since`: keys that gained or lost a committed rank."""
+        return await read(lambda: _reply(store.changes(body.since, body.namespace, body.limit)))
 
     # --- service ---------------------------------------------------------------------
 

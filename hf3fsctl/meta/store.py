@@ -52,7 +52,7 @@ from hf3fsctl.keys import check_keys, check_namespace_id
 from hf3fsctl.meta import capacity as room
 from hf3fsctl.meta import namespaces, pins, schema
 from hf3fsctl.meta.checkpointer import WalCheckpointer
-from hf3fsctl.meta.committed_index import CommittedIndex, prune_changes
+from hf3fsctl.meta.committed_index import CommittedIndex, prune_changes, read_changes
 from hf3fsctl.meta.eviction import (
     evict_entries,
     evict_for_allocation,
@@ -64,6 +64,7 @@ from hf3fsctl.meta.models import (
     Allocation,
     CapacityInfo,
     CheckedKeys,
+    ChangeLog,
     CommitItem,
     DropNamespacesResult,
     EntryInfo,
@@ -1027,3 +1028,18 @@ class MetadataStore:
             if stats.id == namespace:
                 return stats
         raise NotFound(f"namespace {namespace} is not registered")
+    def changes(self, since: int, namespace: str | None = None, limit: int = 10_000) -> ChangeLog:
+        """The change log after `since` (see `committed_index.read_changes`); never waits."""
+        if namespace is not None:
+            check_namespace_id(namespace)
+        with self._read() as conn:
+            return read_changes(conn, since, namespace, limit)
+
+    def check_integrity(self) -> list[str]:
+        """SQLite's own check of the file (`PRAGMA integrity_check`): B-trees, indexes,
+        page links. Empty when sound; reads every page, so it takes a while on a large
+        store (doctor runs it, not the hot path)."""
+        with self._read() as conn:
+            rows = [str(r[0]) for r in conn.execute("PRAGMA integrity_check")]
+        return [] if rows == ["ok"] else rows
+
