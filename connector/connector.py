@@ -15,6 +15,7 @@ the request in an error instead of recomputing it).
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -34,6 +35,7 @@ from .worker import WorkerSide
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
+    from vllm.distributed.kv_events import KVCacheEvent
     from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (
         KVConnectorPromMetrics,
         KVConnectorStats,
@@ -88,8 +90,13 @@ class Hf3fsctlConnector(KVConnectorBase_V1):
                     "(`hf3fsctl vllm-config` does)",
                     policy,
                 )
+            events_config = vllm_config.kv_events_config
             self.scheduler_side = SchedulerSide(
-                self.settings, self.manifest, MetadataGuard(self.settings), self.stats
+                self.settings,
+                self.manifest,
+                MetadataGuard(self.settings),
+                self.stats,
+                kv_events=bool(events_config and events_config.enable_kv_cache_events),
             )
             logger.info(
                 "hf3fsctl connector scheduler: namespace %s, storage %s, metadata %s",
@@ -188,6 +195,11 @@ class Hf3fsctlConnector(KVConnectorBase_V1):
         self, request: Request, block_ids: list[int]
     ) -> tuple[bool, dict[str, Any] | None]:
         return self._scheduler.request_finished(request)
+
+    def take_events(self) -> Iterable[KVCacheEvent]:
+        """KV events of the shared store since the last step (connector/events.py)."""
+        events = self._scheduler.events
+        return events.take_events() if events is not None else ()
 
     # --- stats ---------------------------------------------------------------------
 

@@ -35,6 +35,7 @@ from hf3fsctl.errors import MetadataUnavailable
 from hf3fsctl.health import ConnectorHealth
 from hf3fsctl.keys import NamespaceManifest, block_keys
 
+from .events import StoreEvents, block_payloads
 from .metadata import Hf3fsctlConnectorMetadata, LoadJob, RequestState, SaveJob
 from .service import MetadataGuard, ServiceDown
 from .stats import StatsRecorder
@@ -59,6 +60,8 @@ class SchedulerSide:
         manifest: NamespaceManifest,
         guard: MetadataGuard,
         stats: StatsRecorder,
+        *,
+        kv_events: bool = False,
     ) -> None:
         self.config = config
         self.manifest = manifest
@@ -77,6 +80,19 @@ class SchedulerSide:
         # What is left of this scheduler step's `lookup_wait_ms` (reset per step).
         self._step_wait_left = config.connector.lookup_wait_ms / 1000.0
         self._storage_ok = True
+        # KV events for routers (vLLM's --kv-events-config): see connector/events.py.
+        self.events = (
+            StoreEvents(
+                guard,
+                self.namespace,
+                num_ranks=manifest.num_ranks,
+                block_size=self.block_size,
+                medium=config.connector.kv_events_medium,
+                poll_s=config.connector.kv_events_poll_s,
+            )
+            if kv_events
+            else None
+        )
 
     def storage_available(self) -> bool:
         """Whether the storage root exists here (checked every `storage_retry_s`).
@@ -252,6 +268,8 @@ class SchedulerSide:
                 continue
             keys = block_keys(request.block_hashes[start:full])
             saves.append(SaveJob(req_id, block_ids[start:full], keys, start))
+            if self.events is not None:
+                self.events.record_saves(block_payloads(request, start, full, self.block_size))
             state.save_jobs += 1
         return saves
 
@@ -300,4 +318,6 @@ class SchedulerSide:
         Closing flushes an embedded store's lookup counters (`hf3fsctl stats` shows them).
         """
         self._pool.shutdown(wait=False, cancel_futures=True)
+        if self.events is not None:
+            self.events.close()
         self.guard.close()
