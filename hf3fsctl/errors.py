@@ -77,3 +77,19 @@ class AuthError(Hf3fsctlError):
 
     exit_code = 7
     hint = "set metadata.token_file to the file `hf3fsctl serve --token-file` reads"
+
+
+class StoreFormatError(MetadataUnavailable):
+    """The metadata store is in a format this hf3fsctl does not open as it is.
+
+    Newer than this code: upgrade hf3fsctl. Older: `hf3fsctl migrate` brings it forward
+    (never done implicitly on open, since processes of several versions may share one
+    store). Nothing in the store is changed. A `MetadataUnavailable`, so the connector
+    serves misses and stays disabled with the hint instead of failing.
+    """
+
+    def __init__(self, message: str, *, hint: str, stored: int, supported: int) -> None:
+        super().__init__(message, hint=hint)
+        self.stored = stored  # the format the store records
+        self.supported = supported  # the format this code reads and writes
+

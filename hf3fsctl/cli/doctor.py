@@ -187,7 +187,8 @@ def check_connectors(report: Report) -> None:
 
 
 def check_invariants(report: Report, cfg: Config) -> None:
-    """The embedded store's invariants (pages owned once, counts consistent, …)."""
+    """The embedded store's file is sound (`PRAGMA integrity_check`) and its invariants hold
+    (pages owned once, counts consistent, …); a backup is checked the same way."""
     db = context.sqlite_path(cfg.metadata_target)
     if db is None:
         report.add(
@@ -202,7 +203,7 @@ def check_invariants(report: Report, cfg: Config) -> None:
 
     store = MetadataStore(db)
     try:
-        problems = store.check_invariants()
+        problems = store.check_integrity() + store.check_invariants()
     finally:
         store.close()
     if problems:

@@ -19,12 +19,14 @@ from typer.core import TyperCommand, TyperGroup, TyperOption
 
 from hf3fsctl import __version__
 from hf3fsctl.cli import (
+    backup,
     bench,
     doctor,
     evict,
     init,
     lookup,
     ls,
+    migrate,
     pin,
     serve,
     stats,
@@ -119,6 +121,8 @@ _command("unpin", pin.unpin)
 _command("warm", warm.warm)
 _command("lookup", lookup.lookup)
 _command("doctor", doctor.doctor)
+_command("backup", backup.backup)
+_command("migrate", migrate.migrate)
 _command("vllm-config", vllm_config.vllm_config)
 app.add_typer(bench.register(Hf3fsctlCommand), name="bench", cls=Hf3fsctlGroup)
 # Commands that need vLLM register here, each from its own module, the same way:

@@ -1,10 +1,13 @@
-"""One metadata client protocol, two implementations chosen by URL scheme.
+"""One metadata client protocol, three implementations chosen by URL scheme.
 
 - `sqlite:///PATH` → `EmbeddedMetadataClient`: the SQLite store in this process (no
   server; processes of one node share the database file).
 - `http(s)://HOST:PORT` → `HttpMetadataClient`: `hf3fsctl serve` over HTTP (stdlib
   `http.client` keep-alive connections for the hot calls, httpx for the rest; a deadline
   per call, TLS verified against `metadata.ca_file`, retries only for idempotent calls).
+- `redis://HOST:PORT/DB`, `rediss://…`, `redis+sentinel://HOST:PORT[,…]/SERVICE[/DB]` →
+  `RedisMetadataStore` (`meta/redis/`): the store itself, shared by every process that
+  names the same Redis (one Lua script per call; no server of ours in between).
 
 Both raise the same typed errors (`hf3fsctl.errors`): `MetadataUnavailable` when the
 service cannot answer in time, `AuthError`, `InvalidRequest`, `NotFound`,
@@ -180,10 +183,11 @@ def open_metadata_client(
     policy: StorePolicy | None = None,
     ca_file: str | None = None,
 ) -> MetadataClient:
-    """Open the client for a metadata URL (`sqlite:///…` or `http(s)://…`).
+    """Open the client for a metadata URL (`sqlite:///…`, `http(s)://…`, `redis://…`,
+    `rediss://…` or `redis+sentinel://…`).
 
-    The store-side settings (lease, watermarks, capacity policy) apply to the embedded
-    store; a server uses its own.
+    The store-side settings (lease, watermarks, capacity policy) apply to the stores this
+    process runs (embedded SQLite, Redis); a server uses its own.
     """
     from hf3fsctl.config import MetadataUrl
 
@@ -194,6 +198,19 @@ def open_metadata_client(
         return EmbeddedMetadataClient(
             target.url,
             timeout_s=timeout_s,
+            lease_s=lease_s,
+            high_watermark=high_watermark,
+            low_watermark=low_watermark,
+            policy=policy,
+        )
+    if target.redis:
+        from hf3fsctl.meta.redis import RedisMetadataStore
+
+        return RedisMetadataStore(
+            target,
+            timeout_s=timeout_s,
+            token=token,
+            ca_file=ca_file,
             lease_s=lease_s,
             high_watermark=high_watermark,
             low_watermark=low_watermark,

@@ -38,6 +38,12 @@ returns one row per violation, rendered with its message template.
 
 from __future__ import annotations
 
+import sqlite3
+from dataclasses import dataclass
+
+# The store's format: recorded as `store_info.schema_version`. A store of another format
+# is not opened (`meta/migration.py`: a newer one needs a newer hf3fsctl, an older one
+# `hf3fsctl migrate`).
 SCHEMA_VERSION = 2
 
 PENDING = 0
@@ -151,6 +157,45 @@ _ADDED_IN_2 = [
     ("rank_files", "holes", "INTEGER NOT NULL DEFAULT 0", "0"),
     ("free_pages", "punched", "INTEGER NOT NULL DEFAULT 0", "0"),
 ]
+
+
+@dataclass(frozen=True)
+class FormatStep:
+    """One step of `hf3fsctl migrate`: what it changes, for the dry run and the log."""
+
+    source: int  # the format it starts from
+    target: int  # … and the one it leaves
+    summary: str  # what changes, in a sentence
+    tables: tuple[str, ...]  # the tables it alters or creates
+
+
+FORMAT_STEPS = (
+    FormatStep(
+        1,
+        2,
+        "one capacity per store: adds namespaces.last_used (= created), "
+        "rank_files.preallocated (= 1: format-1 files were preallocated), rank_files.holes "
+        "and free_pages.punched (= 0); creates the pins and evictions tables and the index "
+        "of pages being given back",
+        ("namespaces", "rank_files", "free_pages", "pins", "evictions", "store_info"),
+    ),
+)
+
+
+def stored_version(conn: sqlite3.Connection) -> int | None:
+    """The format a database records; None for a database with no store in it yet."""
+    has_info = conn.execute(
+        "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'store_info'"
+    ).fetchone()
+    if has_info is None:
+        return None
+    row = conn.execute("SELECT value FROM store_info WHERE name = 'schema_version'").fetchone()
+    return None if row is None else int(row[0])
+
+
+def steps_from(version: int) -> list[FormatStep]:
+    """The steps that bring a store of format `version` to `SCHEMA_VERSION` (in order)."""
+    return [step for step in FORMAT_STEPS if step.source >= version]
 
 
 def migration_sql(version: int, columns: dict[str, set[str]]) -> str:

@@ -50,7 +50,8 @@ from pydantic import TypeAdapter
 from hf3fsctl.errors import InvalidRequest, MetadataUnavailable, NotFound
 from hf3fsctl.keys import check_keys, check_namespace_id
 from hf3fsctl.meta import capacity as room
-from hf3fsctl.meta import namespaces, pins, schema
+from hf3fsctl.meta import migration, namespaces, pins, schema
+from hf3fsctl.meta.backup import BackupResult, Progress, backup_database
 from hf3fsctl.meta.checkpointer import WalCheckpointer
 from hf3fsctl.meta.committed_index import CommittedIndex, prune_changes, read_changes
 from hf3fsctl.meta.eviction import (
@@ -194,7 +195,11 @@ class MetadataStore:
         self._num_ranks: dict[str, int] = {}  # immutable once registered
         self._index = CommittedIndex()
         self._commits = 0
-        self._init_schema()
+        try:
+            self._init_schema()
+        except BaseException:  # e.g. a store of another format: leave nothing open
+            self._close_connections()
+            raise
         self._capacity = self._record_default_capacity()
         self._checkpointer = WalCheckpointer(self.path).start() if background_checkpoint else None
 
@@ -222,12 +227,20 @@ class MetadataStore:
         return conn
 
     def _init_schema(self) -> None:
+        """Create the tables of a new store; refuse a store of another format.
+
+        A store is never migrated on open: processes of several hf3fsctl versions may
+        share it, so `hf3fsctl migrate` does that, once, on purpose (`meta/migration.py`).
+        """
         with self._unavailable_on_busy():
             conn = self._conn()
             mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
             if str(mode).lower() != "wal":
                 logger.warning("metadata store %s: journal_mode is %s, not WAL", self.path, mode)
             with self._exclusive():
+                version = schema.stored_version(conn)
+                if version is not None and version != schema.SCHEMA_VERSION:
+                    raise migration.format_error(self.path, version)
                 try:
                     conn.executescript(
                         "BEGIN IMMEDIATE;"
@@ -235,7 +248,6 @@ class MetadataStore:
                         + "INSERT OR IGNORE INTO store_info VALUES ('schema_version', "
                         + f"'{schema.SCHEMA_VERSION}');"
                     )
-                    self._migrate(conn)
                     for statement in schema.LATE_INDEXES:
                         conn.execute(statement)
                     conn.execute("COMMIT")
@@ -243,31 +255,6 @@ class MetadataStore:
                     if conn.in_transaction:
                         conn.execute("ROLLBACK")
                     raise
-
-    def _migrate(self, conn: sqlite3.Connection) -> None:
-        """Bring an older schema up to date, in the schema transaction."""
-        row = conn.execute("SELECT value FROM store_info WHERE name = 'schema_version'")
-        version = int(row.fetchone()[0])
-        if version > schema.SCHEMA_VERSION:
-            raise MetadataUnavailable(
-                f"metadata store {self.path} has schema {version}, newer than this version "
-                f"of hf3fsctl understands ({schema.SCHEMA_VERSION})",
-                hint="upgrade hf3fsctl on this node to the version that wrote the store",
-            )
-        columns = {
-            table: {r[1] for r in conn.execute(f"PRAGMA table_info({table})")}
-            for table in ("namespaces", "rank_files", "free_pages")
-        }
-        sql = schema.migration_sql(version, columns)
-        if sql:
-            for statement in filter(None, (part.strip() for part in sql.split(";"))):
-                conn.execute(statement)
-            logger.info(
-                "metadata store %s: schema %d migrated to %d",
-                self.path,
-                version,
-                schema.SCHEMA_VERSION,
-            )
 
     # --- capacity ----------------------------------------------------------------------
 
@@ -490,20 +477,57 @@ class MetadataStore:
             with self._write():
                 pass
 
-    def close(self) -> None:
-        """Flush counters and close every connection this store opened."""
+    def close(self, *, truncate_wal: bool = False) -> None:
+        """Flush counters and close every connection this store opened.
+
+        Args:
+            truncate_wal: first copy the whole WAL into the database and truncate it to
+                zero bytes (`wal_checkpoint(TRUNCATE)`), for a server shutting down: the
+                database file alone is then complete. Waits at most a second for other
+                processes' readers; if they still hold it, the WAL is left to them.
+        """
         try:
             self.flush()
         except MetadataUnavailable:
             logger.warning("metadata store %s: lookup counters not flushed (busy)", self.path)
+        if self._checkpointer is not None:
+            self._checkpointer.stop()
+        if truncate_wal:
+            self.checkpoint_wal()
+        self._close_connections()
+
+    def checkpoint_wal(self, busy_timeout_s: float = 1.0) -> bool:
+        """Checkpoint the whole WAL and truncate it; True when it is empty afterwards."""
+        conn = self._conn()
+        conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_s * 1000)}")
+        try:
+            busy, _, _ = conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+        except sqlite3.Error as exc:
+            busy, reason = 1, str(exc)
+        else:
+            reason = "readers of other processes still use it"
+        finally:
+            conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout_s * 1000)}")
+        if busy:
+            logger.warning("metadata store %s: WAL not truncated (%s)", self.path, reason)
+        return not busy
+
+    def _close_connections(self) -> None:
         with self._connections_lock:
             for conn in self._connections:
                 conn.close()
             self._connections.clear()
         self._local = threading.local()
         self._writer.close()
-        if self._checkpointer is not None:
-            self._checkpointer.stop()
+
+    def backup(
+        self, out: str | os.PathLike[str], *, progress: Progress | None = None
+    ) -> BackupResult:
+        """Write a consistent copy of the store, as of now, to the new file `out`, online
+        (writers keep writing; `meta/backup.py`)."""
+        return backup_database(
+            self.path, out, progress=progress, busy_timeout_s=self.busy_timeout_s
+        )
 
     # --- namespaces --------------------------------------------------------------------
 
@@ -1020,6 +1044,14 @@ class MetadataStore:
             for template, query in schema.INVARIANT_QUERIES:
                 problems.extend(template.format(*row) for row in conn.execute(query))
         return problems
+
+    def check_integrity(self) -> list[str]:
+        """SQLite's own check of the file (`PRAGMA integrity_check`): B-trees, indexes,
+        page links. Empty when sound; reads every page, so it takes a while on a large
+        store (doctor runs it, not the hot path)."""
+        with self._read() as conn:
+            rows = [str(r[0]) for r in conn.execute("PRAGMA integrity_check")]
+        return [] if rows == ["ok"] else rows
 
     def namespace_stats(self, namespace: str) -> NamespaceStats:
         """Usage and traffic of one namespace; `NotFound` if absent."""

@@ -1,0 +1,175 @@
+"""Reaching Redis: the client a `MetadataUrl` names, its Lua scripts, and error translation.
+
+- `redis_client(target, …)`: a `redis.Redis` for `redis://` / `rediss://`, or the master
+  of a Sentinel service for `redis+sentinel://` (`redis.sentinel.Sentinel.master_for`:
+  every new connection asks the sentinels where the master is, and a connection that
+  finds a replica — the old master after a failover — is dropped, so the next call
+  re-discovers). One pool, shared by the threads of the process (redis-py's pools are
+  thread-safe and reset themselves in a forked child).
+- Deadlines: `timeout_s` is both the connect and the per-call socket timeout. redis-py's
+  own retries are off (`Retry(NoBackoff(), 0)`): whether a call may be repeated is the
+  store's decision (`call`), never the library's.
+- Auth: the URL's user and password; without a password in the URL, the token
+  (`metadata.token_file`) is the password. TLS (`rediss://`) verifies the server's
+  certificate and host name against `ca_file`, else the system's trust store.
+- Errors (`call`): no connection, a timeout, a server still loading or read-only (a
+  failover in progress) → `MetadataUnavailable`; refused credentials → `AuthError`; the
+  scripts' own errors (`NOTFOUND`, `INVALID`, `CONFLICT` …) → `NotFound`,
+  `InvalidRequest`, `NamespaceConflict`. A read-only call that lost its connection is
+  retried once on a fresh one (a stale pooled connection, a master that moved); a
+  mutating call never is, and a timeout is never retried (it would double the wait).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from importlib import resources
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import redis
+import redis.exceptions as rex
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from hf3fsctl.errors import (
+    AuthError,
+    Hf3fsctlError,
+    InvalidRequest,
+    MetadataUnavailable,
+    NamespaceConflict,
+    NotFound,
+)
+
+if TYPE_CHECKING:
+    from redis.commands.core import Script
+
+    from hf3fsctl.config import MetadataUrl
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+SCRIPTS = (
+    "allocate",
+    "commit",
+    "drop_namespace",
+    "evict",
+    "invalidate",
+    "locate",
+    "lookup",
+    "marks",
+    "pin",
+    "register_namespace",
+    "register_rank",
+    "release",
+    "settle",
+    "unpin",
+)
+_SCRIPT_ERRORS: dict[str, type[Hf3fsctlError]] = {
+    "NOTFOUND": NotFound,
+    "INVALID": InvalidRequest,
+    "CONFLICT": NamespaceConflict,
+}
+_UNAVAILABLE_HINT = "is Redis running and reachable at metadata.url? (`hf3fsctl doctor`)"
+
+
+def redis_client(
+    target: MetadataUrl, *, timeout_s: float, token: str | None, ca_file: str | None
+) -> Any:
+    """The client of a `redis`, `rediss` or `redis+sentinel` URL (connects lazily): a
+    `redis.Redis` with `decode_responses=True` (typed Any: redis-py's command stubs give
+    one union for its sync and async clients)."""
+    password = target.password if target.password is not None else token
+    common: dict[str, Any] = {
+        "socket_timeout": timeout_s,
+        "socket_connect_timeout": timeout_s,
+        "retry": Retry(NoBackoff(), 0),
+        "health_check_interval": 30,
+        "decode_responses": True,
+        "username": target.username,
+        "password": password,
+        "db": target.db,
+        "client_name": "hf3fsctl",
+    }
+    if target.scheme == "rediss":
+        common.update(
+            ssl=True,
+            ssl_ca_certs=ca_file,
+            ssl_cert_reqs="required",
+            ssl_check_hostname=True,
+        )
+    if target.scheme == "redis+sentinel":
+        from redis.sentinel import Sentinel
+
+        sentinel = Sentinel(  # type: ignore[no-untyped-call]
+            list(target.hosts),
+            sentinel_kwargs={
+                "socket_timeout": timeout_s,
+                "socket_connect_timeout": timeout_s,
+                "retry": Retry(NoBackoff(), 0),
+            },
+            **common,
+        )
+        assert target.service is not None
+        return sentinel.master_for(  # type: ignore[no-untyped-call]
+            target.service, redis_class=redis.Redis, **common
+        )
+    host, port = target.hosts[0]
+    return redis.Redis(host=host, port=port, **common)
+
+
+def load_scripts(client: Any) -> dict[str, Script]:
+    """Every store script, `common.lua` prepended, registered for EVALSHA (redis-py loads
+    a script the server does not know yet, e.g. after a failover, on first use)."""
+    folder = resources.files("hf3fsctl.meta.redis") / "lua"
+    common = (folder / "common.lua").read_text()
+    return {
+        name: client.register_script(common + "\n" + (folder / f"{name}.lua").read_text())
+        for name in SCRIPTS
+    }
+
+
+def translate(exc: Exception, where: str) -> Hf3fsctlError:
+    """The typed error for what redis-py raised while reaching `where` (a redacted URL)."""
+    if isinstance(exc, (rex.AuthenticationError, rex.NoPermissionError)):
+        return AuthError(
+            f"Redis at {where} refused the credentials: {exc}",
+            hint="set the password in metadata.url (redis://:PASSWORD@HOST:PORT) or in "
+            "metadata.token_file",
+        )
+    if isinstance(exc, rex.ResponseError):
+        text = str(exc)
+        kind, _, message = text.partition(" ")
+        if kind in _SCRIPT_ERRORS:
+            return _SCRIPT_ERRORS[kind](message.split(" script: ")[0].strip())
+        if kind in ("NOAUTH", "WRONGPASS", "NOPERM"):
+            return AuthError(f"Redis at {where} refused the credentials: {text}")
+        return MetadataUnavailable(
+            f"Redis at {where} could not run the call: {text}",
+            hint="check the Redis server's log (memory limit, read-only replica)",
+        )
+    if isinstance(exc, rex.TimeoutError):
+        return MetadataUnavailable(
+            f"Redis at {where} did not answer in time", hint=_UNAVAILABLE_HINT
+        )
+    return MetadataUnavailable(f"Redis at {where} is unavailable: {exc}", hint=_UNAVAILABLE_HINT)
+
+
+def call(fn: Callable[[], T], where: str, *, idempotent: bool) -> T:
+    """`fn()` with redis-py's errors typed; a read-only call that lost its connection
+    runs once more on a fresh one."""
+    try:
+        return fn()
+    except rex.TimeoutError as exc:
+        raise translate(exc, where) from None
+    except rex.ConnectionError as exc:
+        if isinstance(exc, rex.AuthenticationError) or not idempotent:
+            raise translate(exc, where) from None
+        logger.debug("Redis at %s: %s; retrying once on a new connection", where, exc)
+    except rex.RedisError as exc:
+        raise translate(exc, where) from None
+    try:
+        return fn()
+    except rex.RedisError as exc:
+        raise translate(exc, where) from None

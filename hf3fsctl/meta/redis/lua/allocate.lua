@@ -1,0 +1,227 @@
+-- allocate: pages for keys not yet stored on (ns, rank), making room under the store's
+-- capacity and the namespace's quotas exactly as hf3fsctl/meta/capacity.py decides for
+-- SQLite (reclaim dead writers' pages, give back other files' free pages, evict LRU
+-- keys of any namespace down to the low watermark).
+-- ARGV: ns, rank, pending_timeout_s, high, low, can_punch (0/1), nquotas,
+--       nquotas x (name, "b"|"s", bytes or share), then (key, depth) pairs.
+-- Returns {allocated {key, page, …}, existing {…}, no_space {…}, marked {{ns, rank,
+-- path, slot, {pages}}, …}}.
+local ns, rank = ARGV[1], tonumber(ARGV[2])
+local pending_timeout = tonumber(ARGV[3])
+local high, low = tonumber(ARGV[4]), tonumber(ARGV[5])
+local can_punch = ARGV[6] == '1'
+local nq = tonumber(ARGV[7])
+local at = 8 + 3 * nq
+
+local nranks = ns_ranks(ns)
+local row = require_rank_file(ns, rank)
+local ek = k_e(ns, rank)
+
+local allocated, existing, new_keys, depth_of = {}, {}, {}, {}
+local deadline = NOW + pending_timeout
+for i = at, #ARGV, 2 do
+  local key, depth = ARGV[i], tonumber(ARGV[i + 1])
+  depth_of[key] = depth
+  local e = unpack_entry(redis.call('HGET', ek, key))
+  if e == nil then
+    new_keys[#new_keys + 1] = key
+  elseif e.state == 0 and e.deadline < NOW then  -- a dead writer's page: regrant it
+    e.deadline = deadline
+    e.depth = depth
+    e.created = math.max(e.created, NOW)
+    redis.call('HSET', ek, key, pack_entry(e))
+    redis.call('ZADD', k_pend(ns, rank), f6(deadline), key)
+    allocated[#allocated + 1] = key
+    allocated[#allocated + 1] = e.page
+  else
+    existing[#existing + 1] = key
+  end
+end
+
+local marked = {}
+local need = #new_keys
+local pages = {}
+
+local function capacity_bytes()
+  local v = redis.call('HGET', K_INFO, 'capacity_bytes')
+  return v and tonumber(v) or nil
+end
+
+local function quota_scopes(cap)
+  local scopes = {}
+  for q = 0, nq - 1 do
+    local name, kind, value = ARGV[8 + 3 * q], ARGV[9 + 3 * q], tonumber(ARGV[10 + 3 * q])
+    local limit = nil
+    if kind == 'b' then limit = value elseif cap ~= nil then limit = math.floor(value * cap) end
+    if limit ~= nil then
+      local scope = nil
+      if redis.call('HEXISTS', K_MANIFESTS, name) == 1 then
+        scope = {name}
+      else
+        local members = redis.call('SMEMBERS', P .. 'model:' .. name)
+        if #members > 0 then table.sort(members); scope = members end
+      end
+      if scope then scopes[#scopes + 1] = {scope, limit} end
+    end
+  end
+  return scopes
+end
+
+local function growing_namespaces()
+  local out = {}
+  for _, f in ipairs(all_files()) do
+    local _, prealloc = file_slot(f[1], f[2])
+    if not prealloc then out[f[1]] = true end
+  end
+  return out
+end
+
+local function evictable_scope(scope)
+  if not can_punch then return {ns} end
+  local growing = growing_namespaces()
+  local allowed = {}
+  if scope == nil then
+    for n in pairs(growing) do allowed[n] = true end
+  else
+    for _, n in ipairs(scope) do if growing[n] then allowed[n] = true end end
+  end
+  allowed[ns] = true
+  local out = {}
+  for n in pairs(allowed) do out[#out + 1] = n end
+  table.sort(out)
+  return out
+end
+
+local function reusable_free()
+  return redis.call('ZCOUNT', k_free(ns, rank), '-inf', f6(NOW))
+end
+
+-- Make room for `need` pages within `limit` bytes held by `scope` (nil: the store).
+-- Returns the most pages that may be granted.
+local function fit(need, scope, limit)
+  if row.prealloc then return need end
+  local backed = reusable_free()
+  local expected = held(scope) - giving_bytes(scope)
+  local function over(ceiling) return expected + (need - backed) * row.slot > ceiling end
+  local function refresh()
+    expected = held(scope) - giving_bytes(scope)
+    backed = reusable_free()
+  end
+  if over(high * limit) then
+    reclaim_all_expired()
+    if can_punch then mark_give_back(marked, ns, rank, scope) end
+    refresh()
+  end
+  if over(high * limit) then
+    local swing = (high - low) * limit
+    local function done()
+      return high * limit - expected + backed * row.slot >= need * row.slot + swing
+    end
+    local function freed(ns2, r2, page)
+      if ns2 == ns and r2 == rank then
+        backed = backed + 1
+      else
+        local slot, prealloc = file_slot(ns2, r2)
+        if can_punch and not prealloc then expected = expected - slot end
+      end
+    end
+    local reason = 'quota'
+    if scope == nil then reason = 'capacity' end
+    local batch = math.max(256, need + math.floor(swing / row.slot) + 1)
+    evict_lru(evictable_scope(scope), done, freed, reason, math.min(batch, 4096), nil)
+    if can_punch then mark_give_back(marked, ns, rank, scope) end
+    refresh()
+  end
+  return backed + math.max(0, math.floor((limit - held(scope)) / row.slot))
+end
+
+-- Up to `count` pages of this file: free ones that hold their space, then punched ones
+-- and fresh ones, which grow the file and so stop where the store would pass `cap`.
+local function take_pages(count, cap)
+  local out = {}
+  if count <= 0 then return out end
+  local grow_room = nil
+  if cap ~= nil and not row.prealloc then
+    grow_room = math.max(0, math.floor((cap - held(nil)) / row.slot))
+  end
+  local fk = k_free(ns, rank)
+  local got = redis.call('ZRANGEBYSCORE', fk, '-inf', f6(NOW), 'WITHSCORES', 'LIMIT', 0, count)
+  for i = 1, #got, 2 do
+    out[#out + 1] = {tonumber(got[i]), tonumber(got[i + 1])}
+    redis.call('ZREM', fk, got[i])
+  end
+  local reused_holes = 0
+  if #out < count then
+    local want = count - #out
+    if grow_room ~= nil then want = math.min(want, grow_room) end
+    if want > 0 then
+      local hk = k_holes(ns, rank)
+      local hs = redis.call('ZRANGEBYSCORE', hk, '-inf', f6(NOW), 'WITHSCORES', 'LIMIT', 0, want)
+      for i = 1, #hs, 2 do
+        out[#out + 1] = {tonumber(hs[i]), tonumber(hs[i + 1])}
+        redis.call('ZREM', hk, hs[i])
+        reused_holes = reused_holes + 1
+      end
+      if grow_room ~= nil then grow_room = grow_room - reused_holes end
+    end
+  end
+  local fresh = math.min(count - #out, row.num_pages - row.next_unused)
+  if grow_room ~= nil then fresh = math.min(fresh, grow_room) end
+  if fresh > 0 then
+    for p = row.next_unused, row.next_unused + fresh - 1 do out[#out + 1] = {p, 0} end
+    redis.call('HINCRBY', k_rf(ns, rank), 'next_unused', fresh)
+    row.next_unused = row.next_unused + fresh
+  else
+    fresh = 0
+  end
+  if reused_holes > 0 then redis.call('HINCRBY', k_rf(ns, rank), 'holes', -reused_holes) end
+  if not row.prealloc and (fresh + reused_holes) > 0 then
+    redis.call('HINCRBY', K_HELD, ns, (fresh + reused_holes) * row.slot)
+  end
+  return out
+end
+
+if need > 0 then
+  if row.used + need > high * row.num_pages then  -- the file itself is full
+    reclaim_expired(ns, rank)
+    row = rank_file(ns, rank)
+    local target = math.floor(low * row.num_pages) - need
+    local used = row.used
+    evict_lru({ns}, function() return used <= target end, function(ns2, r2, page)
+      if r2 == rank then used = used - 1 end
+    end, 'file_full', math.max(256, used - target), rank)
+    row = rank_file(ns, rank)
+  end
+  local cap = capacity_bytes()
+  local grant = need
+  for _, q in ipairs(quota_scopes(cap)) do
+    local covers = false
+    for _, n in ipairs(q[1]) do if n == ns then covers = true end end
+    if covers then grant = math.min(grant, fit(need, q[1], q[2])) end
+  end
+  if cap ~= nil and grant > 0 then grant = math.min(grant, fit(grant, nil, cap)) end
+  grant = math.max(0, grant)
+  row = rank_file(ns, rank)
+  pages = take_pages(grant, cap)
+end
+
+local no_space = {}
+local granted = 0
+for i, key in ipairs(new_keys) do
+  local p = pages[i]
+  if p == nil then
+    no_space[#no_space + 1] = key
+  else
+    local e = {state = 0, page = p[1], depth = depth_of[key], created = NOW, last = NOW,
+      hits = 0, deadline = deadline, lease = 0, freeat = p[2], size = 0, checksum = ''}
+    redis.call('HSET', ek, key, pack_entry(e))
+    redis.call('ZADD', k_pend(ns, rank), f6(deadline), key)
+    allocated[#allocated + 1] = key
+    allocated[#allocated + 1] = p[1]
+    granted = granted + 1
+  end
+end
+if granted > 0 then redis.call('HINCRBY', k_rf(ns, rank), 'used', granted) end
+redis.call('HSET', k_ns(ns), 'last_used', f6(NOW))
+flush_changes()
+return {allocated, existing, no_space, marked}

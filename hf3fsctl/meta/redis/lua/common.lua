@@ -1,0 +1,329 @@
+-- Shared by every script of the Redis metadata store: prepended to each one when the
+-- store loads it (hf3fsctl/meta/redis/scripts.py). KEYS[1] is the key prefix; every key
+-- a script touches starts with it (one hash tag, so one Cluster slot). The key layout is
+-- described in hf3fsctl/meta/redis/__init__.py and docs/design.md (decision 13).
+--
+-- Errors are raised as `error({err = "KIND message"})` before any write, with KIND one
+-- of NOTFOUND, INVALID, CONFLICT; the store turns them into its typed errors.
+
+local P = KEYS[1]
+
+local function clock()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) + tonumber(t[2]) / 1e6
+end
+local NOW = clock()
+
+local function f6(x) return string.format('%.6f', x) end
+
+local function fail(kind, message) error({err = kind .. ' ' .. message}) end
+
+-- key names ------------------------------------------------------------------------
+local function k_ns(ns) return P .. 'ns:' .. ns end            -- hash: counters, num_ranks, …
+local function k_rf(ns, r) return P .. 'rf:' .. ns .. ':' .. r end  -- hash: a rank file
+local function k_e(ns, r) return P .. 'e:' .. ns .. ':' .. r end    -- hash: key -> entry
+local function k_free(ns, r) return P .. 'free:' .. ns .. ':' .. r end  -- zset page -> reusable_after
+local function k_holes(ns, r) return P .. 'holes:' .. ns .. ':' .. r end  -- zset page -> reusable_after
+local function k_give(ns, r) return P .. 'give:' .. ns .. ':' .. r end   -- zset page -> marked at
+local function k_pend(ns, r) return P .. 'pend:' .. ns .. ':' .. r end   -- zset key -> deadline
+local function k_c(ns) return P .. 'c:' .. ns end               -- hash: key -> committed ranks
+local function k_lru(ns) return P .. 'lru:' .. ns end           -- zset key -> last access
+local function k_pins(ns) return P .. 'pins:' .. ns end         -- hash: key -> "expires created"
+local function k_ev(ns) return P .. 'ev:' .. ns end             -- hash: reason:keys / reason:bytes
+local K_INFO = P .. 'info'            -- hash: capacity_bytes, schema
+local K_NAMESPACES = P .. 'namespaces'  -- zset ns -> created
+local K_MANIFESTS = P .. 'manifests'  -- hash: ns -> manifest JSON
+local K_FILES = P .. 'files'          -- set of "ns:rank"
+local K_HELD = P .. 'held'            -- hash: ns -> bytes its files hold
+local K_GIVING = P .. 'giving'        -- hash: ns -> bytes marked to give back
+local K_CHANGES = P .. 'changes'      -- stream of (ns, key, delta), ids 0-SEQ
+local K_SEQ = P .. 'seq'              -- the last change's SEQ
+local CHANGES_KEEP = 200000
+
+-- entries --------------------------------------------------------------------------
+-- "state page depth created last_access hits deadline lease_until page_free_at size checksum"
+local function unpack_entry(v)
+  if not v then return nil end
+  local s, page, depth, created, last, hits, deadline, lease, freeat, size, sum = string.match(
+    v, '^(%d) (%d+) (%d+) (%S+) (%S+) (%d+) (%S+) (%S+) (%S+) (%d+) ?(.*)$')
+  return {
+    state = tonumber(s), page = tonumber(page), depth = tonumber(depth),
+    created = tonumber(created), last = tonumber(last), hits = tonumber(hits),
+    deadline = tonumber(deadline), lease = tonumber(lease), freeat = tonumber(freeat),
+    size = tonumber(size), checksum = sum,
+  }
+end
+
+local function pack_entry(e)
+  return string.format('%d %d %d %.6f %.6f %d %.6f %.6f %.6f %d %s', e.state, e.page, e.depth,
+    e.created, e.last, e.hits, e.deadline, e.lease, e.freeat, e.size, e.checksum or '')
+end
+
+-- the change log ---------------------------------------------------------------------
+local CHANGES = {}
+local function change(ns, key, delta) CHANGES[#CHANGES + 1] = {ns, key, delta} end
+local function flush_changes()
+  if #CHANGES == 0 then return end
+  local last = redis.call('INCRBY', K_SEQ, #CHANGES)
+  local seq = last - #CHANGES
+  for _, c in ipairs(CHANGES) do
+    seq = seq + 1
+    redis.call('XADD', K_CHANGES, 'MAXLEN', '~', CHANGES_KEEP, '0-' .. seq,
+      'ns', c[1], 'key', c[2], 'delta', c[3])
+  end
+  CHANGES = {}
+end
+
+-- namespaces and rank files -----------------------------------------------------------
+local function ns_ranks(ns)
+  local n = redis.call('HGET', k_ns(ns), 'num_ranks')
+  if not n then fail('NOTFOUND', 'namespace ' .. ns .. ' is not registered') end
+  return tonumber(n)
+end
+
+local function rank_file(ns, r)
+  local v = redis.call('HMGET', k_rf(ns, r), 'path', 'slot', 'num_pages', 'next_unused',
+    'used', 'prealloc', 'holes')
+  if not v[1] then return nil end
+  return {ns = ns, rank = tonumber(r), path = v[1], slot = tonumber(v[2]),
+    num_pages = tonumber(v[3]), next_unused = tonumber(v[4]), used = tonumber(v[5]),
+    prealloc = v[6] == '1', holes = tonumber(v[7])}
+end
+
+local function require_rank_file(ns, r)
+  ns_ranks(ns)
+  local row = rank_file(ns, r)
+  if not row then
+    fail('NOTFOUND', 'rank ' .. r .. ' of namespace ' .. ns .. ' has no registered page file')
+  end
+  return row
+end
+
+-- every rank file: list of {ns, rank}
+local function all_files()
+  local out = {}
+  for _, m in ipairs(redis.call('SMEMBERS', K_FILES)) do
+    local ns, r = string.match(m, '^(%x+):(%d+)$')
+    out[#out + 1] = {ns, tonumber(r)}
+  end
+  return out
+end
+
+local SLOTS = {}  -- "ns:rank" -> {slot, prealloc} (cached for the script)
+local function file_slot(ns, r)
+  local id = ns .. ':' .. r
+  local s = SLOTS[id]
+  if not s then
+    local v = redis.call('HMGET', k_rf(ns, r), 'slot', 'prealloc')
+    s = {tonumber(v[1]) or 0, v[2] ~= '0'}
+    SLOTS[id] = s
+  end
+  return s[1], s[2]
+end
+
+-- pins, held bytes, eviction counters -----------------------------------------------------
+local function pinned(ns, key)
+  local v = redis.call('HGET', k_pins(ns), key)
+  if not v then return false end
+  local expires = tonumber(string.match(v, '^(%S+)'))
+  return expires == 0 or expires > NOW
+end
+
+local function sum_hash(key, fields)
+  local total = 0
+  local values
+  if fields == nil then values = redis.call('HVALS', key)
+  elseif #fields == 0 then return 0
+  else values = redis.call('HMGET', key, unpack(fields)) end
+  for _, v in ipairs(values) do total = total + (tonumber(v) or 0) end
+  return total
+end
+
+local function held(scope) return sum_hash(K_HELD, scope) end
+local function giving_bytes(scope) return sum_hash(K_GIVING, scope) end
+
+local function count_evictions(counts, ns, reason, keys, bytes)
+  -- counts: ns -> {keys, bytes}, applied by apply_evictions
+  local c = counts[ns]
+  if not c then c = {0, 0}; counts[ns] = c end
+  c[1] = c[1] + keys
+  c[2] = c[2] + bytes
+end
+
+local function apply_evictions(counts, reason)
+  for ns, c in pairs(counts) do
+    if c[1] > 0 then
+      redis.call('HINCRBY', k_ev(ns), reason .. ':keys', c[1])
+      redis.call('HINCRBY', k_ev(ns), reason .. ':bytes', c[2])
+    end
+  end
+end
+
+-- giving pages back ----------------------------------------------------------------
+local function free_page(ns, r, page, after)
+  redis.call('ZADD', k_free(ns, r), f6(after), page)
+end
+
+-- Drop a key's committed entries on every rank; pages go to the free list (reusable
+-- when the read lease ends). Pending entries stay (their writer owns the page).
+-- Returns the freed {rank, page} pairs.
+local function drop_key(ns, key, nranks)
+  local freed = {}
+  local had = 0
+  for r = 0, nranks - 1 do
+    local ek = k_e(ns, r)
+    local e = unpack_entry(redis.call('HGET', ek, key))
+    if e and e.state == 1 then
+      redis.call('HDEL', ek, key)
+      free_page(ns, r, e.page, math.max(NOW, e.lease))
+      redis.call('HINCRBY', k_rf(ns, r), 'used', -1)
+      change(ns, key, -1)
+      freed[#freed + 1] = {r, e.page}
+      had = had + 1
+    end
+  end
+  if had > 0 then
+    local c = tonumber(redis.call('HGET', k_c(ns), key)) or 0
+    if c >= nranks then redis.call('HINCRBY', k_ns(ns), 'keys', -1) end
+    redis.call('HDEL', k_c(ns), key)
+  end
+  redis.call('ZREM', k_lru(ns), key)
+  return freed
+end
+
+-- Free the pages of pending entries of one file whose writer's deadline passed.
+local function reclaim_expired(ns, r)
+  local pk = k_pend(ns, r)
+  local keys = redis.call('ZRANGEBYSCORE', pk, '-inf', '(' .. f6(NOW))
+  for _, key in ipairs(keys) do
+    local e = unpack_entry(redis.call('HGET', k_e(ns, r), key))
+    if e and e.state == 0 then
+      redis.call('HDEL', k_e(ns, r), key)
+      free_page(ns, r, e.page, NOW)
+      redis.call('HINCRBY', k_rf(ns, r), 'used', -1)
+    end
+    redis.call('ZREM', pk, key)
+  end
+  return #keys
+end
+
+local function reclaim_all_expired()
+  for _, f in ipairs(all_files()) do reclaim_expired(f[1], f[2]) end
+end
+
+-- Mark the free, lease-free pages of growing files of `scope` (all when nil), but the
+-- file `keep_ns`/`keep_r`'s, to give back: they leave the free list for the file's
+-- `give` set (never handed out, still counted as held) until settled. Appends
+-- {ns, rank, path, slot, pages} to `out`.
+local function mark_give_back(out, keep_ns, keep_r, scope)
+  local allowed = nil
+  if scope then allowed = {}; for _, ns in ipairs(scope) do allowed[ns] = true end end
+  for _, f in ipairs(all_files()) do
+    local ns, r = f[1], f[2]
+    if not (ns == keep_ns and r == keep_r) and (allowed == nil or allowed[ns]) then
+      local slot, prealloc = file_slot(ns, r)
+      if not prealloc then
+        local pages = redis.call('ZRANGEBYSCORE', k_free(ns, r), '-inf', f6(NOW))
+        if #pages > 0 then
+          for i = 1, #pages, 1000 do
+            local chunk = {}
+            local args = {}
+            for j = i, math.min(i + 999, #pages) do
+              chunk[#chunk + 1] = pages[j]
+              args[#args + 1] = f6(NOW)
+              args[#args + 1] = pages[j]
+            end
+            redis.call('ZREM', k_free(ns, r), unpack(chunk))
+            redis.call('ZADD', k_give(ns, r), unpack(args))
+          end
+          redis.call('HINCRBY', K_GIVING, ns, #pages * slot)
+          local path = redis.call('HGET', k_rf(ns, r), 'path')
+          out[#out + 1] = {ns, r, path, slot, pages}
+        end
+      end
+    end
+  end
+end
+
+-- Whether a key may be evicted: no rank pending; with `lru`, no lease and not pinned
+-- (admin eviction takes leased keys, and pinned ones only when asked). `need_rank`:
+-- the key must be committed on that rank. Returns ok, depth.
+local function evictable(ns, key, nranks, lru, include_pinned, need_rank)
+  local depth = 0
+  local committed = 0
+  for r = 0, nranks - 1 do
+    local e = unpack_entry(redis.call('HGET', k_e(ns, r), key))
+    if e then
+      if e.state == 0 then return false, 0 end
+      if lru and e.lease > NOW then return false, 0 end
+      if e.depth > depth then depth = e.depth end
+      committed = committed + 1
+    elseif need_rank == r then
+      return false, 0
+    end
+  end
+  if committed == 0 then return false, -1 end  -- a stale LRU member
+  if (lru or not include_pinned) and pinned(ns, key) then return false, 0 end
+  return true, depth
+end
+
+-- Evict least-recently-used keys of the namespaces `scope` (a list; merged by last
+-- access, chain tails first among equally old keys) until `satisfied()`.
+-- `on_free(ns, rank, page)` hears of every freed page. Counts them under `reason`.
+local function evict_lru(scope, satisfied, on_free, reason, batch, need_rank)
+  local counts = {}
+  local skip = {}
+  local ranks = {}
+  for _, ns in ipairs(scope) do skip[ns] = 0; ranks[ns] = tonumber(redis.call('HGET', k_ns(ns), 'num_ranks')) or 0 end
+  local evicted = 0
+  while not satisfied() do
+    local cands = {}
+    local threshold = nil
+    for _, ns in ipairs(scope) do
+      local got = redis.call('ZRANGE', k_lru(ns), skip[ns], skip[ns] + batch - 1, 'WITHSCORES')
+      for i = 1, #got, 2 do
+        cands[#cands + 1] = {ns, got[i], tonumber(got[i + 1])}
+      end
+      if #got == 2 * batch then
+        local last = tonumber(got[#got])
+        if threshold == nil or last < threshold then threshold = last end
+      end
+    end
+    if #cands == 0 then break end
+    local info = {}
+    for _, c in ipairs(cands) do
+      local ok, depth = evictable(c[1], c[2], ranks[c[1]], true, false, need_rank)
+      c[4] = ok
+      c[5] = depth
+    end
+    table.sort(cands, function(a, b)
+      if a[3] ~= b[3] then return a[3] < b[3] end
+      if a[5] ~= b[5] then return a[5] > b[5] end
+      return a[2] < b[2]
+    end)
+    local progressed = false
+    for _, c in ipairs(cands) do
+      if threshold ~= nil and c[3] > threshold then break end
+      if satisfied() then break end
+      progressed = true
+      local ns, key = c[1], c[2]
+      if c[4] then
+        local freed = drop_key(ns, key, ranks[ns])
+        local bytes = 0
+        for _, fr in ipairs(freed) do
+          bytes = bytes + file_slot(ns, fr[1])
+          on_free(ns, fr[1], fr[2])
+        end
+        count_evictions(counts, ns, reason, 1, bytes)
+        evicted = evicted + 1
+      elseif c[5] == -1 then
+        redis.call('ZREM', k_lru(ns), key)  -- no committed entry left: not a candidate
+      else
+        skip[ns] = skip[ns] + 1
+      end
+    end
+    if not progressed then break end
+  end
+  apply_evictions(counts, reason)
+  return evicted
+end

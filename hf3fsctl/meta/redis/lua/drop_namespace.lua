@@ -1,0 +1,34 @@
+-- drop_namespace: remove a namespace's metadata (entries, rank files, pins, counters),
+-- unless a writer holds pending pages whose deadline has not passed.
+-- ARGV: ns, dry_run (0/1).  Returns {keys, bytes, {paths by rank}, writing}.
+local ns, dry = ARGV[1], ARGV[2] == '1'
+local nranks = ns_ranks(ns)
+local keys = redis.call('HLEN', k_c(ns))
+local bytes = tonumber(redis.call('HGET', K_HELD, ns)) or 0
+local writing = 0
+local paths = {}
+for r = 0, nranks - 1 do
+  local path = redis.call('HGET', k_rf(ns, r), 'path')
+  if path then paths[#paths + 1] = path end
+  writing = writing + redis.call('ZCOUNT', k_pend(ns, r), f6(NOW), '+inf')
+end
+if writing > 0 or dry then return {keys, bytes, paths, writing} end
+for r = 0, nranks - 1 do
+  local ek = k_e(ns, r)
+  local all = redis.call('HGETALL', ek)
+  for i = 1, #all, 2 do
+    local e = unpack_entry(all[i + 1])
+    if e.state == 1 then change(ns, all[i], -1) end
+  end
+  redis.call('DEL', ek, k_free(ns, r), k_holes(ns, r), k_give(ns, r), k_pend(ns, r), k_rf(ns, r))
+  redis.call('SREM', K_FILES, ns .. ':' .. r)
+end
+local model = redis.call('HGET', k_ns(ns), 'model')
+if model then redis.call('SREM', P .. 'model:' .. model, ns) end
+redis.call('DEL', k_c(ns), k_lru(ns), k_pins(ns), k_ev(ns), k_ns(ns))
+redis.call('HDEL', K_MANIFESTS, ns)
+redis.call('HDEL', K_HELD, ns)
+redis.call('HDEL', K_GIVING, ns)
+redis.call('ZREM', K_NAMESPACES, ns)
+flush_changes()
+return {keys, bytes, paths, 0}

@@ -1,0 +1,79 @@
+-- evict (admin): committed keys by criteria, every rank at once, LRU first (chain tails
+-- first among equally old keys); pending keys never; pinned keys only when asked.
+-- ARGV: ns or '', older_than_s or '', target_usage or '', max_entries or '',
+--       include_pinned (0/1), dry_run (0/1), can_punch (0/1).
+-- Returns {keys, pages, bytes, {ns, keys, …}, marked}.
+local only = ARGV[1]
+local older = tonumber(ARGV[2])
+local target = tonumber(ARGV[3])
+local max_entries = tonumber(ARGV[4])
+local include_pinned = ARGV[5] == '1'
+local dry = ARGV[6] == '1'
+local can_punch = ARGV[7] == '1'
+local scope
+if only ~= '' then ns_ranks(only); scope = {only} else scope = redis.call('ZRANGE', K_NAMESPACES, 0, -1) end
+
+local bytes_used, bytes_total = 0, 0
+for _, f in ipairs(all_files()) do
+  local ns, r = f[1], f[2]
+  if only == '' or ns == only then
+    local v = redis.call('HMGET', k_rf(ns, r), 'slot', 'used', 'next_unused')
+    bytes_used = bytes_used + tonumber(v[1]) * tonumber(v[2])
+    bytes_total = bytes_total + tonumber(v[1]) * tonumber(v[3])
+  end
+end
+local cap = redis.call('HGET', K_INFO, 'capacity_bytes')
+if cap then bytes_total = tonumber(cap) end
+
+local max_score = '+inf'
+if older ~= nil then max_score = '(' .. f6(NOW - older) end
+local cands = {}
+local ranks = {}
+for _, ns in ipairs(scope) do
+  ranks[ns] = tonumber(redis.call('HGET', k_ns(ns), 'num_ranks'))
+  local got = redis.call('ZRANGEBYSCORE', k_lru(ns), '-inf', max_score, 'WITHSCORES')
+  for i = 1, #got, 2 do
+    local ok, depth = evictable(ns, got[i], ranks[ns], false, include_pinned, nil)
+    if ok then cands[#cands + 1] = {ns, got[i], tonumber(got[i + 1]), depth} end
+  end
+end
+table.sort(cands, function(a, b)
+  if a[3] ~= b[3] then return a[3] < b[3] end
+  if a[4] ~= b[4] then return a[4] > b[4] end
+  if a[1] ~= b[1] then return a[1] < b[1] end
+  return a[2] < b[2]
+end)
+local keys, pages, freed_bytes = 0, 0, 0
+local by_ns = {}
+local counts = {}
+for _, c in ipairs(cands) do
+  if max_entries ~= nil and keys >= max_entries then break end
+  if target ~= nil and bytes_used <= target * bytes_total then break end
+  local ns, key = c[1], c[2]
+  local freed = {}
+  if dry then
+    for r = 0, ranks[ns] - 1 do
+      local e = unpack_entry(redis.call('HGET', k_e(ns, r), key))
+      if e and e.state == 1 then freed[#freed + 1] = {r, e.page} end
+    end
+  else
+    freed = drop_key(ns, key, ranks[ns])
+  end
+  local bytes = 0
+  for _, fr in ipairs(freed) do bytes = bytes + file_slot(ns, fr[1]) end
+  pages = pages + #freed
+  freed_bytes = freed_bytes + bytes
+  bytes_used = bytes_used - bytes
+  keys = keys + 1
+  by_ns[ns] = (by_ns[ns] or 0) + 1
+  count_evictions(counts, ns, 'admin', 1, bytes)
+end
+local marked = {}
+if not dry then
+  apply_evictions(counts, 'admin')
+  if can_punch then mark_give_back(marked, nil, nil, nil) end
+  flush_changes()
+end
+local flat = {}
+for ns, n in pairs(by_ns) do flat[#flat + 1] = ns; flat[#flat + 1] = n end
+return {keys, pages, freed_bytes, flat, marked}

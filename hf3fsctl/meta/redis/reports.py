@@ -1,0 +1,425 @@
+"""Read-only views of the Redis store: namespaces, stats, entries, pins, the change log,
+and the invariants `doctor` checks.
+
+These read with plain commands (pipelined, no script): they are admin calls, never on the
+data path, and a view a few microseconds apart between two reads is fine for them.
+`list_entries` and `invariants` read every entry (`HGETALL` per rank file), as the SQLite
+store's `ls` and `doctor` scan its table.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from hf3fsctl.meta.models import (
+    EntryInfo,
+    NamespaceInfo,
+    NamespaceStats,
+    PinInfo,
+    RankFile,
+    StoreStats,
+)
+
+if TYPE_CHECKING:
+    from hf3fsctl.meta.models import ChangeLog
+
+PENDING, COMMITTED = 0, 1
+# A `redis.Redis` with `decode_responses=True`. Typed as Any: redis-py's command stubs
+# return one union for its sync and async clients, which every caller would have to cast.
+Redis = Any
+
+
+def _now(client: Redis) -> float:
+    seconds, micros = client.time()
+    return float(seconds) + float(micros) / 1e6
+
+
+def unpack_entry(value: str) -> dict[str, Any]:
+    """An entry's fields (the packed string `common.lua` writes)."""
+    parts = value.split(" ", 10)
+    state, page, depth, created, last, hits, deadline, lease, free_at, size = parts[:10]
+    return {
+        "state": int(state),
+        "page": int(page),
+        "depth": int(depth),
+        "created": float(created),
+        "last_access": float(last),
+        "hits": int(hits),
+        "deadline": float(deadline),
+        "lease_until": float(lease),
+        "page_free_at": float(free_at),
+        "size": int(size),
+        "checksum": parts[10] if len(parts) > 10 else "",
+    }
+
+
+def _rank_files(client: Redis, prefix: str, ns: str, num_ranks: int) -> list[dict[str, str]]:
+    pipe = client.pipeline(transaction=False)
+    for rank in range(num_ranks):
+        pipe.hgetall(f"{prefix}rf:{ns}:{rank}")
+    return [dict(row, rank=str(rank)) for rank, row in enumerate(pipe.execute()) if row]
+
+
+def namespace_infos(client: Redis, prefix: str, ids: Sequence[str] | None) -> list[NamespaceInfo]:
+    """The namespaces `ids` that exist (every one, oldest first, when None)."""
+    if ids is None:
+        ids = client.zrange(f"{prefix}namespaces", 0, -1)
+    out = []
+    for ns in ids:
+        pipe = client.pipeline(transaction=True)
+        pipe.hget(f"{prefix}manifests", ns)
+        pipe.hmget(f"{prefix}ns:{ns}", "num_ranks", "created")
+        manifest, (num_ranks, created) = pipe.execute()
+        if manifest is None or num_ranks is None:
+            continue
+        files = _rank_files(client, prefix, ns, int(num_ranks))
+        out.append(
+            NamespaceInfo(
+                id=ns,
+                manifest=json.loads(manifest),
+                num_ranks=int(num_ranks),
+                created=float(created),
+                rank_files=[
+                    RankFile(
+                        rank=int(f["rank"]),
+                        path=f["path"],
+                        page_bytes=int(f["page_bytes"]),
+                        slot_bytes=int(f["slot"]),
+                        num_pages=int(f["num_pages"]),
+                        preallocated=f["prealloc"] == "1",
+                    )
+                    for f in files
+                ],
+            )
+        )
+    return out
+
+
+def _live_pins(client: Redis, prefix: str, ns: str, now: float) -> dict[str, tuple[float, float]]:
+    out = {}
+    for key, value in client.hgetall(f"{prefix}pins:{ns}").items():
+        expires, created = (float(x) for x in value.split(" "))
+        if expires == 0 or expires > now:
+            out[key] = (expires, created)
+    return out
+
+
+def store_stats(
+    client: Redis,
+    prefix: str,
+    *,
+    capacity: int | None,
+    quotas: dict[str, int],
+    max_pinned: int | None,
+) -> StoreStats:
+    """Usage and traffic of every namespace, and totals against the capacity."""
+    now = _now(client)
+    ids = client.zrange(f"{prefix}namespaces", 0, -1)
+    held = {ns: int(v) for ns, v in client.hgetall(f"{prefix}held").items()}
+    manifests = client.hgetall(f"{prefix}manifests")
+    counters = {}
+    by_model: dict[str, list[str]] = defaultdict(list)
+    for ns in ids:
+        counters[ns] = client.hgetall(f"{prefix}ns:{ns}")
+        by_model[counters[ns].get("model", "")].append(ns)
+    quota_of: dict[str, int] = {}
+    for name, limit in quotas.items():
+        scope = [name] if name in counters else by_model.get(name, [])
+        for ns in scope:
+            quota_of[ns] = min(limit, quota_of.get(ns, limit))
+    namespaces = []
+    for ns in ids:
+        c = counters[ns]
+        if not c or ns not in manifests:
+            continue
+        num_ranks = int(c["num_ranks"])
+        used = live = 0
+        for f in _rank_files(client, prefix, ns, num_ranks):
+            used += int(f["used"])
+            live += int(f["used"]) * int(f["slot"])
+        newest = client.zrange(f"{prefix}lru:{ns}", -1, -1, withscores=True)
+        accessed = float(newest[0][1]) if newest else None
+        pins = len(_live_pins(client, prefix, ns, now))
+        evicted: dict[str, list[int]] = {}
+        for field, value in client.hgetall(f"{prefix}ev:{ns}").items():
+            reason, _, what = field.rpartition(":")
+            evicted.setdefault(reason, [0, 0])[0 if what == "keys" else 1] = int(value)
+        namespaces.append(
+            NamespaceStats(
+                id=ns,
+                manifest=json.loads(manifests[ns]),
+                num_ranks=num_ranks,
+                keys=int(c.get("keys", 0)),
+                pages_used=used,
+                bytes_live=live,
+                bytes_used=held.get(ns, 0),
+                quota_bytes=quota_of.get(ns),
+                pinned_keys=pins,
+                pinned_bytes=pins * int(c.get("key_bytes", 0)),
+                hits=int(c.get("hits", 0)),
+                lookups=int(c.get("lookups", 0)),
+                lookup_keys=int(c.get("lookup_keys", 0)),
+                hit_keys=int(c.get("hit_keys", 0)),
+                last_access=accessed,
+                last_used=max(float(c.get("last_used", 0)), accessed or 0.0),
+                evicted=evicted,
+            )
+        )
+    held_total = sum(n.bytes_used for n in namespaces)
+    return StoreStats(
+        namespaces=namespaces,
+        capacity_bytes=capacity,
+        bytes_used=held_total,
+        bytes_free=None if capacity is None else max(0, capacity - held_total),
+        bytes_live=sum(n.bytes_live for n in namespaces),
+        pages_used=sum(n.pages_used for n in namespaces),
+        pinned_keys=sum(n.pinned_keys for n in namespaces),
+        pinned_bytes=sum(n.pinned_bytes for n in namespaces),
+        max_pinned_bytes=max_pinned,
+    )
+
+
+def _entries(
+    client: Redis, prefix: str, ns: str, num_ranks: int
+) -> list[tuple[int, str, dict[str, Any]]]:
+    out = []
+    for rank in range(num_ranks):
+        for key, value in client.hgetall(f"{prefix}e:{ns}:{rank}").items():
+            out.append((rank, key, unpack_entry(value)))
+    return out
+
+
+def list_entries(
+    client: Redis, prefix: str, namespace: str | None, limit: int, offset: int
+) -> list[EntryInfo]:
+    """Entries (one per key and rank), most recently used first."""
+    now = _now(client)
+    ids = [namespace] if namespace else client.zrange(f"{prefix}namespaces", 0, -1)
+    rows: list[tuple[str, int, str, dict[str, Any]]] = []
+    pinned: set[tuple[str, str]] = set()
+    for ns in ids:
+        num_ranks = client.hget(f"{prefix}ns:{ns}", "num_ranks")
+        if num_ranks is None:
+            continue
+        pinned.update((ns, key) for key in _live_pins(client, prefix, ns, now))
+        rows.extend(
+            (ns, rank, key, e) for rank, key, e in _entries(client, prefix, ns, int(num_ranks))
+        )
+    rows.sort(key=lambda r: (-r[3]["last_access"], r[3]["depth"], r[2], r[1]))
+    return [
+        EntryInfo.model_construct(
+            namespace=ns,
+            key=key,
+            rank=rank,
+            page=e["page"],
+            size=e["size"],
+            checksum=e["checksum"] or None,
+            state="committed" if e["state"] == COMMITTED else "pending",
+            depth=e["depth"],
+            created=e["created"],
+            last_access=e["last_access"],
+            hits=e["hits"],
+            pinned=(ns, key) in pinned,
+        )
+        for ns, rank, key, e in rows[offset : offset + limit]
+    ]
+
+
+def list_pins(client: Redis, prefix: str, namespace: str | None, limit: int) -> list[PinInfo]:
+    """Live pins, newest first."""
+    now = _now(client)
+    ids = [namespace] if namespace else client.zrange(f"{prefix}namespaces", 0, -1)
+    rows = []
+    for ns in ids:
+        num_ranks = client.hget(f"{prefix}ns:{ns}", "num_ranks")
+        pins = _live_pins(client, prefix, ns, now)
+        keys = list(pins)
+        counts = client.hmget(f"{prefix}c:{ns}", keys) if keys else []
+        for key, count in zip(keys, counts, strict=True):
+            expires, created = pins[key]
+            stored = num_ranks is not None and count is not None and int(count) >= int(num_ranks)
+            rows.append((created, ns, key, expires, stored))
+    rows.sort(key=lambda r: (-r[0], r[1], r[2]))
+    return [
+        PinInfo(namespace=ns, key=key, created=created, expires=expires or None, stored=stored)
+        for created, ns, key, expires, stored in rows[:limit]
+    ]
+
+
+def read_changes(
+    client: Redis, prefix: str, since: int, namespace: str | None, limit: int
+) -> ChangeLog:
+    """Rows of the change log (a stream with ids `0-SEQ`) after `since`, at most `limit`.
+
+    `since = -1` starts at the log's end. `missed` says rows after `since` were trimmed.
+    """
+    from hf3fsctl.meta.models import Change, ChangeLog
+
+    last = int(client.get(f"{prefix}seq") or 0)
+    if since < 0 or since >= last:
+        return ChangeLog(changes=[], next_seq=max(since, last) if since >= 0 else last)
+    stream = f"{prefix}changes"
+    oldest = client.xrange(stream, "-", "+", count=1)
+    oldest_seq = int(oldest[0][0].split("-")[1]) if oldest else None
+    missed = oldest_seq is None or oldest_seq > since + 1
+    rows = client.xrange(stream, f"(0-{since}", "+", count=limit)
+    next_seq = int(rows[-1][0].split("-")[1]) if rows else last
+    return ChangeLog(
+        changes=[
+            Change(
+                seq=int(entry_id.split("-")[1]),
+                namespace=fields["ns"],
+                key=fields["key"],
+                delta=int(fields["delta"]),  # type: ignore[arg-type]
+            )
+            for entry_id, fields in rows
+            if namespace is None or fields["ns"] == namespace
+        ],
+        next_seq=next_seq,
+        missed=missed,
+    )
+
+
+def invariants(client: Redis, prefix: str) -> list[str]:
+    """Every violated invariant, one line each (the SQLite store's, plus the Redis
+    store's own indexes: committed counts, LRU members, pending deadlines, held bytes)."""
+    problems: list[str] = []
+    ids = set(client.zrange(f"{prefix}namespaces", 0, -1))
+    manifests = set(client.hkeys(f"{prefix}manifests"))
+    for ns in ids ^ manifests:
+        problems.append(f"namespace {ns} is in only one of the namespace list and manifests")
+    files = client.smembers(f"{prefix}files")
+    for member in files:
+        ns, _, rank = member.partition(":")
+        if ns not in ids:
+            problems.append(f"rank file {ns} rank {rank} belongs to no registered namespace")
+    held = {ns: int(v) for ns, v in client.hgetall(f"{prefix}held").items()}
+    giving = {ns: int(v) for ns, v in client.hgetall(f"{prefix}giving").items()}
+    for ns in sorted(ids):
+        c = client.hgetall(f"{prefix}ns:{ns}")
+        num_ranks = int(c["num_ranks"])
+        committed: dict[str, int] = defaultdict(int)
+        held_bytes = giving_bytes = 0
+        for rank in range(num_ranks):
+            rf = client.hgetall(f"{prefix}rf:{ns}:{rank}")
+            entries = {
+                key: unpack_entry(v) for key, v in client.hgetall(f"{prefix}e:{ns}:{rank}").items()
+            }
+            if not rf:
+                for key in entries:
+                    problems.append(f"entry {ns}/{key} rank {rank} has no registered rank file")
+                continue
+            if f"{ns}:{rank}" not in files:
+                problems.append(f"rank file {ns} rank {rank} is missing from the file set")
+            num_pages, next_unused = int(rf["num_pages"]), int(rf["next_unused"])
+            slot = int(rf["slot"])
+            free = {int(p) for p in client.zrange(f"{prefix}free:{ns}:{rank}", 0, -1)}
+            holes = {int(p) for p in client.zrange(f"{prefix}holes:{ns}:{rank}", 0, -1)}
+            marked = {int(p) for p in client.zrange(f"{prefix}give:{ns}:{rank}", 0, -1)}
+            pending = client.zrange(f"{prefix}pend:{ns}:{rank}", 0, -1, withscores=True)
+            owners: dict[int, list[str]] = defaultdict(list)
+            for key, e in entries.items():
+                owners[e["page"]].append(key)
+                if not 0 <= e["page"] < min(num_pages, next_unused):
+                    problems.append(
+                        f"entry {ns}/{key} rank {rank}: page {e['page']} is outside the rank "
+                        f"file's {num_pages} pages"
+                    )
+                if e["state"] == COMMITTED:
+                    committed[key] += 1
+                    if not e["checksum"]:
+                        problems.append(f"committed entry {ns}/{key} rank {rank} has no checksum")
+                elif e["state"] == PENDING:
+                    if e["deadline"] <= 0:
+                        problems.append(
+                            f"pending entry {ns}/{key} rank {rank} has no writer deadline"
+                        )
+                else:
+                    problems.append(f"entry {ns}/{key} rank {rank} has unknown state {e['state']}")
+                if e["created"] < e["page_free_at"]:
+                    problems.append(
+                        f"entry {ns}/{key} rank {rank} reused page {e['page']} at "
+                        f"{e['created']} while its last lease ran until {e['page_free_at']}"
+                    )
+            for page, keys in owners.items():
+                if len(keys) > 1:
+                    problems.append(
+                        f"page {page} of {ns} rank {rank} is owned by {len(keys)} entries"
+                    )
+            sets = {"free": free, "punched": holes, "marked": marked}
+            for name, pages in sets.items():
+                for page in sorted(pages & set(owners)):
+                    problems.append(
+                        f"page {page} of {ns} rank {rank} is both {name} and owned by key "
+                        f"{owners[page][0]}"
+                    )
+                for page in sorted(p for p in pages if not 0 <= p < next_unused):
+                    problems.append(
+                        f"free page {page} of {ns} rank {rank} is beyond the high-water mark "
+                        f"{next_unused}"
+                    )
+            if len(free & holes) + len(free & marked) + len(holes & marked):
+                problems.append(f"rank file {ns} rank {rank}: a free page is in two free lists")
+            if int(rf["used"]) != len(entries):
+                problems.append(
+                    f"rank file {ns} rank {rank} counts {rf['used']} used pages but "
+                    f"{len(entries)} entries hold pages"
+                )
+            if next_unused != len(entries) + len(free) + len(holes) + len(marked):
+                problems.append(
+                    f"rank file {ns} rank {rank}: high-water mark {next_unused} != "
+                    f"{len(entries)} owned + {len(free) + len(holes) + len(marked)} free pages (leak)"
+                )
+            if not 0 <= next_unused <= num_pages:
+                problems.append(
+                    f"rank file {ns} rank {rank}: high-water mark {next_unused} exceeds its "
+                    f"{num_pages} pages"
+                )
+            if int(rf["holes"]) != len(holes):
+                problems.append(
+                    f"rank file {ns} rank {rank} counts {rf['holes']} holes but {len(holes)} "
+                    "free pages are punched"
+                )
+            want_pending = {k for k, e in entries.items() if e["state"] == PENDING}
+            if {k for k, _ in pending} != want_pending:
+                problems.append(
+                    f"rank file {ns} rank {rank}: pending index differs from its entries"
+                )
+            if rf["prealloc"] == "1":
+                held_bytes += num_pages * slot
+            else:
+                held_bytes += (next_unused - int(rf["holes"])) * slot
+            giving_bytes += len(marked) * slot
+        counts = {k: int(v) for k, v in client.hgetall(f"{prefix}c:{ns}").items()}
+        if counts != dict(committed):
+            problems.append(f"namespace {ns}: committed counts differ from its entries")
+        complete = sum(1 for n in committed.values() if n >= num_ranks)
+        if int(c.get("keys", 0)) != complete:
+            problems.append(
+                f"namespace {ns} counts {c.get('keys')} complete keys but {complete} are"
+            )
+        lru = set(client.zrange(f"{prefix}lru:{ns}", 0, -1))
+        if lru != set(committed):
+            problems.append(f"namespace {ns}: LRU members differ from its committed keys")
+        if held.get(ns, 0) != held_bytes:
+            problems.append(
+                f"namespace {ns} counts {held.get(ns, 0)} held bytes, its files {held_bytes}"
+            )
+        if giving.get(ns, 0) != giving_bytes:
+            problems.append(
+                f"namespace {ns} counts {giving.get(ns, 0)} bytes being given back, its files "
+                f"{giving_bytes}"
+            )
+        if client.exists(f"{prefix}e:{ns}:{num_ranks}"):
+            problems.append(
+                f"entries of {ns} have rank {num_ranks} but the namespace has {num_ranks} ranks"
+            )
+    for key in client.scan_iter(match=f"{prefix}pins:*", count=1000):
+        ns = key[len(prefix) + len("pins:") :]
+        if ns not in ids:
+            for pin in client.hkeys(key):
+                problems.append(f"pin {ns}/{pin} belongs to no registered namespace")
+    return problems

@@ -1,0 +1,675 @@
+"""`RedisMetadataStore`: the `MetadataClient` contract on Redis (docs/design.md decision 13).
+
+Same semantics, models and typed errors as the SQLite `MetadataStore`; the key layout
+and the scripts are described in `hf3fsctl/meta/redis/__init__.py`. Every data-path call
+is one round trip: one EVALSHA of a Lua script, which Redis runs atomically (no other
+command runs while it does), so allocate — capacity, quotas, eviction and all — commit,
+release, invalidate and admin eviction are each one atomic step, whichever process or
+node calls them. Time is the Redis server's (`TIME` inside the scripts), so leases and
+writer deadlines mean the same on every node of a fleet.
+
+Freed disk space is given back in two phases, as the SQLite store does: a script *marks*
+free pages (they leave the free list, still counted as held), this process punches them
+(`storage.layout.punch_pages`) and a second script *settles* them (holes, no longer
+held) — or returns them to the free list if the file system refused. Marks a crashed
+process left are finished by the next store that opens (only marks older than
+`STALE_MARK_S`, so a live process's in-flight marks are never punched twice).
+
+Nothing lives in this process but the connection pool and the script hashes: several
+`hf3fsctl serve` replicas, connectors and CLI commands on one Redis see one store.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from pydantic import TypeAdapter
+
+from hf3fsctl.config import parse_amount
+from hf3fsctl.errors import InvalidRequest, MetadataUnavailable, NotFound
+from hf3fsctl.keys import check_keys, check_namespace_id, namespace_id
+from hf3fsctl.meta.models import (
+    AllocateResult,
+    Allocation,
+    CapacityInfo,
+    ChangeLog,
+    CheckedKeys,
+    CommitItem,
+    DropNamespacesResult,
+    DroppedNamespace,
+    EntryInfo,
+    EvictRequest,
+    EvictResult,
+    InvalidateItem,
+    Location,
+    NamespaceInfo,
+    NamespaceStats,
+    PinInfo,
+    PinResult,
+    RankFile,
+    StoreStats,
+    page_triples,
+)
+from hf3fsctl.meta.namespaces import manifest_ranks
+from hf3fsctl.meta.policy import StorePolicy, resolve_capacity
+from hf3fsctl.meta.redis import reports
+from hf3fsctl.meta.redis.connection import call, load_scripts, redis_client
+
+if TYPE_CHECKING:
+    from hf3fsctl.config import MetadataUrl
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+PREFIX = "{hf3fsctl}:"  # one hash tag: every key of a store in one Cluster slot
+STALE_MARK_S = 60.0  # a mark this old belongs to a process that died before punching
+_ALLOCATE_ATTEMPTS = 3
+_SETTLE_WAIT_S = 0.002
+_LOCATIONS = TypeAdapter(list[Location | None])
+_ALLOCATE_RESULT = TypeAdapter(AllocateResult)
+
+# (namespace, rank, relpath, slot_bytes, pages) of one file's pages to give back.
+GiveBack = tuple[str, int, str, int, list[int]]
+
+
+def _require_keys(keys: Sequence[str]) -> None:
+    if not isinstance(keys, CheckedKeys):
+        check_keys(keys)
+
+
+def _marks(reply: Sequence[Any]) -> list[GiveBack]:
+    return [
+        (str(ns), int(r), str(path), int(slot), [int(p) for p in pages])
+        for ns, r, path, slot, pages in reply
+    ]
+
+
+class HolePuncher:
+    """Gives freed pages' disk space back to the file system from this process.
+
+    Needs the storage root here and a file system that punches holes, probed once on a
+    scratch file (FUSE mounts often refuse); after a refusal it stops relying on it, so
+    eviction never takes other namespaces' keys for space that would not come back.
+    """
+
+    def __init__(self, storage_root: str | None) -> None:
+        self.root = storage_root
+        self._probed = False
+        self._refused = False
+
+    def available(self) -> bool:
+        """Whether freed space can be given back from this process."""
+        if self._refused or self.root is None or not os.path.isdir(self.root):
+            return False
+        if not self._probed:
+            from hf3fsctl.storage.layout import punch_pages
+
+            name = f".hf3fsctl-punch-probe-{os.getpid()}-{threading.get_ident()}"
+            path = os.path.join(self.root, name)
+            try:
+                with open(path, "wb") as probe:
+                    probe.write(b"\1" * 8192)
+                works = punch_pages(self.root, name, 4096, [0])
+            except OSError:
+                works = False
+            finally:
+                try:
+                    os.unlink(path)
+                except OSError:
+                    pass
+            self._probed = True
+            if not works:
+                self._refuse(self.root)
+        return not self._refused
+
+    def punch(self, marked: Sequence[GiveBack]) -> tuple[list[GiveBack], list[GiveBack]]:
+        """Punch the marked pages; returns (punched, refused)."""
+        from hf3fsctl.storage.layout import punch_pages
+
+        done: list[GiveBack] = []
+        refused: list[GiveBack] = []
+        for item in marked:
+            ok = self.root is not None and punch_pages(self.root, item[2], item[3], item[4])
+            (done if ok else refused).append(item)
+        if refused:
+            self._refuse(refused[0][2])
+        return done, refused
+
+    def _refuse(self, where: str) -> None:
+        if not self._refused:
+            self._refused = True
+            logger.warning(
+                "cannot give freed pages back to the file system at %s (no hole punching "
+                "there): freed space stays with each page file, and eviction for the "
+                "store's capacity takes only the allocating namespace's own keys",
+                where,
+            )
+
+
+class RedisMetadataStore:
+    """The metadata store on Redis. Implements every `MetadataClient` call.
+
+    Args:
+        target: a parsed `redis://`, `rediss://` or `redis+sentinel://` URL.
+        timeout_s: connect and per-call deadline (`metadata.timeout_s`).
+        token: the password when the URL has none (`metadata.token_file`).
+        ca_file: the CA of a `rediss://` server's certificate (`metadata.ca_file`).
+        lease_s: how long a located page stays unreusable, even if evicted.
+        high_watermark: an allocation past this share of the capacity makes room…
+        low_watermark: … down to this share.
+        pending_timeout_s: a pending allocation older than this belongs to a dead writer
+            (`policy.pending_timeout_s` wins when set).
+        policy: capacity, pins, quotas and the storage root (`StorePolicy`).
+        prefix: the prefix of every key (several stores can share one Redis database).
+    """
+
+    def __init__(
+        self,
+        target: MetadataUrl,
+        *,
+        timeout_s: float = 2.0,
+        token: str | None = None,
+        ca_file: str | None = None,
+        lease_s: float = 30.0,
+        high_watermark: float = 0.95,
+        low_watermark: float = 0.85,
+        pending_timeout_s: float = 120.0,
+        policy: StorePolicy | None = None,
+        prefix: str = PREFIX,
+    ) -> None:
+        if not 0 <= low_watermark <= high_watermark <= 1:
+            raise InvalidRequest(
+                f"watermarks must satisfy 0 <= low ({low_watermark}) <= high "
+                f"({high_watermark}) <= 1"
+            )
+        self.url = target.url  # redacted: safe to log and print
+        self.lease_s = float(lease_s)
+        self.high_watermark = float(high_watermark)
+        self.low_watermark = float(low_watermark)
+        self.policy = policy or StorePolicy(storage_root=None, capacity="100%")
+        if self.policy.pending_timeout_s is not None:
+            pending_timeout_s = self.policy.pending_timeout_s
+        self.pending_timeout_s = float(pending_timeout_s)
+        self.prefix = prefix
+        self._redis = redis_client(target, timeout_s=timeout_s, token=token, ca_file=ca_file)
+        self._scripts = load_scripts(self._redis)
+        self._puncher = HolePuncher(self.policy.storage_root)
+        self._record_default_capacity()
+
+    # --- plumbing ------------------------------------------------------------------------
+
+    def _run(self, name: str, args: Sequence[Any], *, idempotent: bool = False) -> Any:
+        script = self._scripts[name]
+        return call(
+            lambda: script(keys=[self.prefix], args=list(args)), self.url, idempotent=idempotent
+        )
+
+    def _read(self, fn: Callable[[], T]) -> T:
+        return call(fn, self.url, idempotent=True)
+
+    def _key(self, *parts: object) -> str:
+        return self.prefix + ":".join(str(p) for p in parts)
+
+    def _give_back(self, marked: Sequence[GiveBack]) -> None:
+        """Punch pages a script marked, then settle the marks."""
+        if not marked:
+            return
+        done, refused = self._puncher.punch(marked)
+        args: list[Any] = []
+        for items, ok in ((done, 1), (refused, 0)):
+            for ns, rank, _, _, pages in items:
+                args += [ns, rank, ok, len(pages), *pages]
+        try:
+            self._run("settle", args)
+        except MetadataUnavailable as exc:  # the next store that opens settles them
+            logger.warning("pages given back but not yet settled: %s", exc)
+
+    def _record_default_capacity(self) -> None:
+        """Finish marks a crashed process left; record the policy's default capacity
+        when the store has none and the storage root is here to size it from."""
+        try:
+            if self._puncher.available():
+                self._give_back(_marks(self._run("marks", [STALE_MARK_S])))
+            if self.capacity().capacity_bytes is not None:
+                return
+        except MetadataUnavailable as exc:  # connecting is lazy: a call will say so again
+            logger.debug("Redis store %s: not reachable at open: %s", self.url, exc)
+            return
+        root = self.policy.storage_root
+        if root is None or not Path(root).is_dir():
+            logger.debug("Redis store %s has no recorded capacity: unbounded", self.url)
+            return
+        value = resolve_capacity(self.policy.capacity, root, self.capacity().bytes_used)
+        if self._read(lambda: self._redis.hsetnx(self._key("info"), "capacity_bytes", value)):
+            logger.info("Redis store %s: capacity %d bytes recorded", self.url, value)
+
+    # --- namespaces ----------------------------------------------------------------------
+
+    def register_namespace(self, namespace: str, manifest: dict[str, Any]) -> NamespaceInfo:
+        """Create a namespace, or return it if identical; `NamespaceConflict` if not."""
+        check_namespace_id(namespace)
+        expected = namespace_id(manifest)
+        if expected != namespace:
+            raise InvalidRequest(
+                f"namespace id {namespace} does not match its manifest (hash {expected})"
+            )
+        num_ranks = manifest_ranks(manifest)
+        text = json.dumps(manifest, sort_keys=True, separators=(",", ":"), default=str)
+        page_bytes = manifest.get("page_bytes")
+        key_bytes = 0
+        if isinstance(page_bytes, int) and not isinstance(page_bytes, bool) and page_bytes > 0:
+            from hf3fsctl.storage.layout import slot_bytes
+
+            key_bytes = slot_bytes(page_bytes) * num_ranks
+        model = str(manifest.get("model"))
+        created = self._run(
+            "register_namespace", [namespace, text, num_ranks, model, key_bytes], idempotent=True
+        )
+        if created:
+            logger.info("registered namespace %s (%d ranks)", namespace, num_ranks)
+        return self.get_namespace(namespace)
+
+    def register_rank(self, namespace: str, rank_file: RankFile) -> NamespaceInfo:
+        """Record one rank's page file; `NamespaceConflict` if it differs from before."""
+        info = self.get_namespace(namespace)
+        if rank_file.rank >= info.num_ranks:
+            raise InvalidRequest(
+                f"rank {rank_file.rank} is out of range: namespace {namespace} "
+                f"has {info.num_ranks} ranks"
+            )
+        page_bytes = info.manifest.get("page_bytes")
+        if isinstance(page_bytes, int) and page_bytes != rank_file.page_bytes:
+            raise InvalidRequest(
+                f"rank file page_bytes {rank_file.page_bytes} differs from the manifest's "
+                f"{page_bytes}"
+            )
+        if rank_file.slot_bytes < rank_file.page_bytes:
+            raise InvalidRequest("rank file slot_bytes is smaller than page_bytes")
+        self._run(
+            "register_rank",
+            [
+                namespace,
+                rank_file.rank,
+                rank_file.path,
+                rank_file.page_bytes,
+                rank_file.slot_bytes,
+                rank_file.num_pages,
+                int(rank_file.preallocated),
+            ],
+            idempotent=True,
+        )
+        return self.get_namespace(namespace)
+
+    def get_namespace(self, namespace: str) -> NamespaceInfo:
+        """One namespace; `NotFound` if absent."""
+        check_namespace_id(namespace)
+        found = self._read(lambda: reports.namespace_infos(self._redis, self.prefix, [namespace]))
+        if not found:
+            raise NotFound(f"namespace {namespace} is not registered")
+        return found[0]
+
+    def namespaces(self) -> list[NamespaceInfo]:
+        """Every registered namespace, oldest first."""
+        return self._read(lambda: reports.namespace_infos(self._redis, self.prefix, None))
+
+    # --- data path -----------------------------------------------------------------------
+
+    def lookup(self, namespace: str, keys: Sequence[str]) -> int:
+        """Number of leading `keys` committed on every rank of the namespace."""
+        _require_keys(keys)
+        check_namespace_id(namespace)
+        return int(self._run("lookup", [namespace, *keys], idempotent=True))
+
+    def locate(self, namespace: str, rank: int, keys: Sequence[str]) -> list[Location | None]:
+        """Committed locations of `keys` on `rank` (None if absent), with a read lease."""
+        _require_keys(keys)
+        check_namespace_id(namespace)
+        if not keys:
+            self._run("locate", [namespace, rank, self.lease_s], idempotent=True)
+            return []
+        flat = self._run("locate", [namespace, rank, self.lease_s, *keys], idempotent=True)
+        return _LOCATIONS.validate_python(
+            [
+                None
+                if flat[3 * i] == -1
+                else {
+                    "key": key,
+                    "page": flat[3 * i],
+                    "checksum": flat[3 * i + 1],
+                    "size": flat[3 * i + 2],
+                }
+                for i, key in enumerate(keys)
+            ]
+        )
+
+    def allocate(
+        self, namespace: str, rank: int, keys: Sequence[str], first_depth: int = 0
+    ) -> AllocateResult:
+        """Pages for keys not yet stored on `rank`; may evict LRU keys above the watermark.
+
+        Up to three atomic steps: an allocation refused for space that is being given back
+        (this call's marks, or another writer's) asks again once that space is settled.
+        """
+        _require_keys(keys)
+        check_namespace_id(namespace)
+        if first_depth < 0:
+            raise InvalidRequest(f"first_depth must be >= 0, got {first_depth}")
+        depth_of: dict[str, int] = {}
+        for index, key in enumerate(keys):
+            depth_of.setdefault(key, first_depth + index)
+        allocated: list[dict[str, Any]] = []
+        existing: list[str] = []
+        wanted = list(depth_of)
+        no_space: list[str] = []
+        for attempt in range(_ALLOCATE_ATTEMPTS):
+            got, known, no_space, marks = self._allocate_once(namespace, rank, wanted, depth_of)
+            allocated += got
+            existing += known
+            marked = _marks(marks)
+            self._give_back(marked)
+            if not no_space or attempt == _ALLOCATE_ATTEMPTS - 1:
+                break
+            if not marked:
+                if not self._giving_back_elsewhere():
+                    break
+                time.sleep(_SETTLE_WAIT_S)
+            wanted = no_space
+        return _ALLOCATE_RESULT.validate_python(
+            {"allocated": allocated, "existing": existing, "no_space": no_space}
+        )
+
+    def _allocate_once(
+        self, namespace: str, rank: int, keys: list[str], depth_of: dict[str, int]
+    ) -> tuple[list[dict[str, Any]], list[str], list[str], list[Any]]:
+        quotas: list[Any] = []
+        for name, text in self.policy.quotas.items():
+            amount = parse_amount(text, f"quotas.{name}")
+            if amount.share is not None:
+                quotas += [name, "s", amount.share]
+            else:
+                quotas += [name, "b", amount.bytes or 0]
+        args: list[Any] = [
+            namespace,
+            rank,
+            self.pending_timeout_s,
+            self.high_watermark,
+            self.low_watermark,
+            int(self._puncher.available()),
+            len(quotas) // 3,
+            *quotas,
+        ]
+        for key in keys:
+            args += [key, depth_of[key]]
+        flat, existing, no_space, marks = self._run("allocate", args)
+        allocated = [{"key": flat[i], "page": flat[i + 1]} for i in range(0, len(flat), 2)]
+        return allocated, list(existing), list(no_space), list(marks)
+
+    def _giving_back_elsewhere(self) -> bool:
+        values = self._read(lambda: self._redis.hvals(self._key("giving")))
+        return any(int(v) > 0 for v in values)
+
+    def commit(self, namespace: str, rank: int, items: Sequence[CommitItem]) -> int:
+        """Pending → committed for the exact (key, page) pairs; returns how many."""
+        if not items:
+            return 0
+        check_namespace_id(namespace)
+        args: list[Any] = [namespace, rank]
+        for item in items:
+            args += [item.key, item.page, item.checksum, item.size]
+        return int(self._run("commit", args))
+
+    def release(self, namespace: str, rank: int, allocations: Sequence[Allocation]) -> int:
+        """Give back pending allocations (exact (key, page) pairs); returns how many."""
+        if not allocations:
+            return 0
+        check_namespace_id(namespace)
+        args: list[Any] = [namespace, rank]
+        for allocation in allocations:
+            args += [allocation.key, allocation.page]
+        return int(self._run("release", args))
+
+    def invalidate(
+        self,
+        namespace: str,
+        rank: int,
+        items: Sequence[Location | InvalidateItem | tuple[str, int, str]],
+    ) -> int:
+        """Drop keys whose committed page on `rank` a reader found corrupt (every rank;
+        only while `rank` still holds exactly that page and checksum). Idempotent."""
+        triples = page_triples(items)
+        check_keys([key for key, _, _ in triples])
+        if any(page < 0 for _, page, _ in triples):
+            raise InvalidRequest("pages must be >= 0")
+        if not triples:
+            return 0
+        check_namespace_id(namespace)
+        args: list[Any] = [namespace, rank]
+        for key, page, checksum in triples:
+            args += [key, page, checksum]
+        dropped = int(self._run("invalidate", args, idempotent=True))
+        if dropped:
+            logger.warning(
+                "dropped %d keys of namespace %s: corrupt pages on rank %d",
+                dropped,
+                namespace,
+                rank,
+            )
+        return dropped
+
+    # --- admin ---------------------------------------------------------------------------
+
+    def evict(self, request: EvictRequest) -> EvictResult:
+        """Evict committed keys (all ranks at once) by the request's criteria."""
+        if not (
+            request.all
+            or request.older_than_s is not None
+            or request.target_usage is not None
+            or request.max_entries is not None
+        ):
+            raise InvalidRequest(
+                "say what to evict: all, older_than_s, target_usage or max_entries"
+            )
+        if request.namespace is not None:
+            check_namespace_id(request.namespace)
+
+        def text(value: object) -> object:
+            return "" if value is None else value
+
+        can_punch = self._puncher.available()
+        keys, pages, freed, flat, marks = self._run(
+            "evict",
+            [
+                text(request.namespace),
+                text(request.older_than_s),
+                text(request.target_usage),
+                text(request.max_entries),
+                int(request.include_pinned),
+                int(request.dry_run),
+                int(can_punch),
+            ],
+        )
+        self._give_back(_marks(marks))
+        if keys and not request.dry_run:
+            logger.info("evicted %d keys (%d pages)", keys, pages)
+        return EvictResult(
+            keys=int(keys),
+            pages=int(pages),
+            bytes=int(freed),
+            dry_run=request.dry_run,
+            by_namespace={flat[i]: int(flat[i + 1]) for i in range(0, len(flat), 2)},
+        )
+
+    def stats(self) -> StoreStats:
+        """Usage and traffic of every namespace and of the whole store."""
+        capacity = self.capacity().capacity_bytes
+        return self._read(
+            lambda: reports.store_stats(
+                self._redis,
+                self.prefix,
+                capacity=capacity,
+                quotas=self.policy.quota_bytes(capacity),
+                max_pinned=self.policy.max_pinned_bytes(capacity),
+            )
+        )
+
+    def namespace_stats(self, namespace: str) -> NamespaceStats:
+        """Usage and traffic of one namespace; `NotFound` if absent."""
+        check_namespace_id(namespace)
+        for stats in self.stats().namespaces:
+            if stats.id == namespace:
+                return stats
+        raise NotFound(f"namespace {namespace} is not registered")
+
+    def list_entries(
+        self, namespace: str | None = None, limit: int = 100, offset: int = 0
+    ) -> list[EntryInfo]:
+        """Entries (one per key and rank), most recently used first."""
+        if namespace is not None:
+            check_namespace_id(namespace)
+        if limit < 0 or offset < 0:
+            raise InvalidRequest("limit and offset must be >= 0")
+        return self._read(
+            lambda: reports.list_entries(self._redis, self.prefix, namespace, limit, offset)
+        )
+
+    def capacity(self) -> CapacityInfo:
+        """The recorded capacity and the bytes the page files hold."""
+
+        def read() -> tuple[Any, list[Any]]:
+            pipe = self._redis.pipeline(transaction=True)
+            pipe.hget(self._key("info"), "capacity_bytes")
+            pipe.hvals(self._key("held"))
+            cap, held = pipe.execute()
+            return cap, held
+
+        cap_text, held_values = self._read(read)
+        cap = int(cap_text) if cap_text is not None else None
+        held = sum(int(v) for v in held_values)
+        return CapacityInfo(
+            capacity_bytes=cap,
+            bytes_used=held,
+            bytes_free=None if cap is None else max(0, cap - held),
+        )
+
+    def set_capacity(self, capacity_bytes: int) -> CapacityInfo:
+        """Record the store's capacity (every process enforces the recorded value)."""
+        if isinstance(capacity_bytes, bool) or not isinstance(capacity_bytes, int):
+            raise InvalidRequest(f"capacity must be a number of bytes, got {capacity_bytes!r}")
+        if capacity_bytes <= 0:
+            raise InvalidRequest(f"capacity must be positive, got {capacity_bytes}")
+        self._read(lambda: self._redis.hset(self._key("info"), "capacity_bytes", capacity_bytes))
+        return self.capacity()
+
+    # --- pins and namespace clean-up -------------------------------------------------------
+
+    def pin(self, namespace: str, keys: Sequence[str], ttl_s: float | None = None) -> PinResult:
+        """Keep `keys` out of LRU eviction (for `ttl_s`, or until unpinned).
+
+        Raises:
+            InvalidRequest: the pins would hold more than `storage.max_pinned`.
+            NotFound: the namespace is not registered.
+        """
+        check_keys(keys)
+        check_namespace_id(namespace)
+        if ttl_s is not None and ttl_s <= 0:
+            raise InvalidRequest(f"ttl must be positive, got {ttl_s}")
+        max_pinned = self.policy.max_pinned_bytes(self.capacity().capacity_bytes)
+        reply = self._run(
+            "pin",
+            [
+                namespace,
+                "" if ttl_s is None else ttl_s,
+                "" if max_pinned is None else max_pinned,
+                *keys,
+            ],
+            idempotent=True,
+        )
+        if reply[0] == -1:
+            _, new, size, total = reply
+            raise InvalidRequest(
+                f"pinning {new} more keys ({size} bytes) would pin {total} bytes,"
+                f" more than storage.max_pinned ({max_pinned} bytes)",
+                hint="unpin something (`hf3fsctl unpin`), pin fewer prompts, or raise "
+                "storage.max_pinned",
+            )
+        pinned, stored, total = reply
+        return PinResult(
+            pinned=int(pinned),
+            stored=int(stored),
+            pinned_bytes=int(total),
+            max_pinned_bytes=max_pinned,
+        )
+
+    def unpin(self, namespace: str, keys: Sequence[str] | None = None) -> int:
+        """Drop pins of `keys` (all of the namespace's when None); returns how many."""
+        check_namespace_id(namespace)
+        if keys is not None:
+            check_keys(keys)
+        args: list[Any] = [namespace, int(keys is None), *(keys or [])]
+        return int(self._run("unpin", args, idempotent=True))
+
+    def list_pins(self, namespace: str | None = None, limit: int = 1000) -> list[PinInfo]:
+        """Live pins, newest first."""
+        if namespace is not None:
+            check_namespace_id(namespace)
+        return self._read(lambda: reports.list_pins(self._redis, self.prefix, namespace, limit))
+
+    def drop_namespaces(
+        self, namespace_ids: Sequence[str], *, dry_run: bool = False
+    ) -> DropNamespacesResult:
+        """Remove namespaces' metadata (entries, rank files, pins, the namespace).
+
+        A namespace whose pages are being written is skipped (its `skipped` says why).
+        The page files are the caller's to remove.
+        """
+        for ns in namespace_ids:
+            check_namespace_id(ns)
+        dropped = []
+        for ns in dict.fromkeys(namespace_ids):
+            keys, held, paths, writing = self._run("drop_namespace", [ns, int(dry_run)])
+            item = DroppedNamespace(
+                id=ns,
+                keys=int(keys),
+                bytes=int(held),
+                rank_files=list(paths),
+                skipped=f"{writing} pages are being written" if writing else None,
+            )
+            if item.skipped is None and not dry_run:
+                logger.info("dropped namespace %s (%d keys, %d bytes)", ns, item.keys, item.bytes)
+            dropped.append(item)
+        return DropNamespacesResult(namespaces=dropped, dry_run=dry_run)
+
+    def changes(self, since: int, namespace: str | None = None, limit: int = 10_000) -> ChangeLog:
+        """The change log after `since` (-1: its end): keys that gained or lost a rank."""
+        if namespace is not None:
+            check_namespace_id(namespace)
+        return self._read(
+            lambda: reports.read_changes(self._redis, self.prefix, since, namespace, limit)
+        )
+
+    def health(self) -> dict[str, Any]:
+        """A cheap liveness check: Redis answers; raises `MetadataUnavailable` when down."""
+        count = self._read(lambda: self._redis.zcard(self._key("namespaces")))
+        return {"status": "ok", "store": "redis", "namespaces": int(count)}
+
+    def check_invariants(self) -> list[str]:
+        """Every violated invariant of the store, one line each; empty when sound."""
+        return self._read(lambda: reports.invariants(self._redis, self.prefix))
+
+    def flush(self) -> None:
+        """Nothing to write: counters are written by each call's script."""
+
+    def close(self) -> None:
+        """Release the connections."""
+        self._redis.close()
+        pool = getattr(self._redis, "connection_pool", None)
+        if pool is not None:
+            pool.disconnect()
