@@ -1,12 +1,17 @@
 """One capacity for the whole store: cross-namespace LRU over growing page files on a
-real disk, hole punching, quotas, pins, namespace drop, dead writers, leases, and a schema-1
-store after `hf3fsctl migrate`.
+real disk, hole punching, quotas, pins, namespace drop, dead writers, leases, and the
+schema-1 migration.
 
 Every store here has a storage root under `tmp_path` holding real sparse page files
 (`PageFile.create_growable`); the tests write real bytes into the pages they are granted,
 so `disk_bytes` (st_blocks) shows what the store punched back to the file system.
 Capacities are counted in 4 KiB pages; watermarks are high 0.8, low 0.5 unless a test
 says otherwise.
+
+What every store must do here (cross-namespace LRU, space given back, quotas, pins,
+drops, leases) runs on each implementation in `tests/contract/test_contract_capacity.py`;
+this file keeps what needs the SQLite store itself: refused or crashed punches
+(monkeypatched), writer deadlines and leases shorter than any config allows, schema 1.
 """
 
 from __future__ import annotations
@@ -30,16 +35,13 @@ from helpers.meta_builders import (
     store_written,
     write_pages,
 )
-from helpers.old_stores import SCHEMA_1_PAGES, schema_1_store
 
-from hf3fsctl.errors import InvalidRequest, MetadataUnavailable, NotFound
+from hf3fsctl.errors import MetadataUnavailable
 from hf3fsctl.keys import namespace_id
-from hf3fsctl.meta.migration import migrate
-from hf3fsctl.meta.models import CommitItem, EvictRequest, RankFile
+from hf3fsctl.meta.models import CommitItem
 from hf3fsctl.meta.policy import StorePolicy
 from hf3fsctl.meta.store import MetadataStore
 from hf3fsctl.storage.extents import disk_bytes
-from hf3fsctl.storage.layout import PageFile, remove_namespace_files
 
 SLOT = PAGE_BYTES  # the slot of a 4 KiB page
 
@@ -80,26 +82,6 @@ class Tier:
         """Register a namespace with growing files; returns its id."""
         ns, files = register_growable(self.store, self.root, model=model, **changes)
         self.files[ns] = files
-        return ns
-
-    def add_preallocated(self, model: str, num_pages: int) -> str:
-        """Register a one-rank namespace whose file is preallocated at `num_pages` pages."""
-        data = make_manifest(model=model).to_dict()
-        ns = namespace_id(data)
-        self.store.register_namespace(ns, data)
-        file = PageFile.create(self.root, ns, 0, PAGE_BYTES, num_pages * SLOT)
-        self.store.register_rank(
-            ns,
-            RankFile(
-                rank=0,
-                path=file.relpath,
-                page_bytes=PAGE_BYTES,
-                slot_bytes=SLOT,
-                num_pages=num_pages,
-                preallocated=True,
-            ),
-        )
-        self.files[ns] = [file]
         return ns
 
     def put(self, ns: str, chain: list[str], first_depth: int = 0) -> int:
@@ -148,13 +130,6 @@ def tier(make_tier: Callable[..., Tier]) -> Tier:
     return make_tier()
 
 
-def flood(tier: Tier, ns: str, rounds: int = 12, size: int = 4) -> None:
-    """Store `rounds` fresh chains of `size` keys, each newer than everything before."""
-    for round_ in range(rounds):
-        time.sleep(0.002)
-        tier.put(ns, keys(size, salt=f"flood{round_}-"))
-
-
 def older_then_newer(
     tier: Tier, first: tuple[str, list[str]], *rest: tuple[str, list[str]]
 ) -> None:
@@ -165,84 +140,6 @@ def older_then_newer(
 
 
 # --- 1. eviction across namespaces by LRU ---------------------------------------------
-
-
-def test_capacity_eviction_takes_the_least_recently_used_namespace_first(tier: Tier) -> None:
-    a, b, c = tier.add("a"), tier.add("b"), tier.add("c")
-    older_then_newer(tier, (a, keys(8, salt="a")), (b, keys(4, salt="b")))
-    # 12 held + 5 > 16 (high) → evict LRU until 5 + 5 <= 10 (low): 7 of A's keys
-    granted = tier.put(c, keys(5, salt="c"))
-    lookups = tuple(
-        tier.store.lookup(ns, keys(n, salt=s)) for ns, n, s in [(a, 8, "a"), (b, 4, "b")]
-    )
-    assert (granted, lookups) == (5, (1, 4))
-    assert tier.sound() == []
-
-
-def test_capacity_eviction_takes_chain_tails_before_heads(tier: Tier) -> None:
-    a, b, c = tier.add("a"), tier.add("b"), tier.add("c")
-    older_then_newer(tier, (a, keys(10, salt="a")), (b, keys(2, salt="b")))
-    tier.put(c, keys(5, salt="c"))  # evicts 7 of A's 10 equally old keys
-    depths = sorted(e.depth for e in tier.store.list_entries(a))
-    assert (tier.store.lookup(a, keys(10, salt="a")), depths) == (3, [0, 1, 2])
-    assert tier.sound() == []
-
-
-def test_capacity_eviction_takes_a_key_on_every_rank_at_once(tier: Tier) -> None:
-    a, c = tier.add("a", tp_size=2), tier.add("c")
-    tier.put(a, keys(6, salt="a"))  # 12 pages
-    time.sleep(0.002)
-    tier.put(c, keys(5, salt="c"))  # 17 > 16 → held down to 5: 4 keys, 2 pages each
-    ranks = [e.rank for e in tier.store.list_entries(a, limit=100)]
-    assert ranks.count(0) == ranks.count(1) == tier.store.lookup(a, keys(6, salt="a")) == 2
-    assert tier.sound() == []
-
-
-def test_capacity_eviction_brings_the_store_down_to_the_low_watermark(tier: Tier) -> None:
-    a, b, c = tier.add("a"), tier.add("b"), tier.add("c")
-    older_then_newer(tier, (a, keys(8, salt="a")), (b, keys(4, salt="b")))
-    tier.put(c, keys(5, salt="c"))
-    assert tier.store.stats().bytes_used == 10 * SLOT  # low 0.5 of 20 pages, with C's 5
-    assert tier.sound() == []
-
-
-def test_located_namespace_counts_as_recently_used(make_tier: Callable[..., Tier]) -> None:
-    tier = make_tier(lease_s=0.01)
-    a, b, c = tier.add("a"), tier.add("b"), tier.add("c")
-    older_then_newer(tier, (a, keys(6, salt="a")), (b, keys(6, salt="b")))
-    tier.store.locate(a, 0, keys(6, salt="a"))  # A is now the most recently used
-    time.sleep(0.02)  # … and its lease is over
-    tier.put(c, keys(5, salt="c"))  # 17 > 16 → held down to 5: B's 6 first, then A's tails
-    assert (tier.stored(a), tier.stored(b)) == (5, 0)
-    assert tier.sound() == []
-
-
-def test_capacity_eviction_skips_leased_keys_of_other_namespaces(tier: Tier) -> None:
-    a, b, c = tier.add("a"), tier.add("b"), tier.add("c")
-    tier.put(a, keys(6, salt="a"))
-    tier.store.locate(a, 0, keys(6, salt="a"))  # a reader holds A's pages
-    time.sleep(0.002)
-    tier.put(b, keys(6, salt="b"))  # B is newer than A's last access
-    tier.put(c, keys(5, salt="c"))  # 17 > 16: A is the LRU, but leased
-    assert (tier.stored(a), tier.stored(b) < 6) == (6, True)
-    assert tier.sound() == []
-
-
-def test_capacity_eviction_spares_keys_of_preallocated_files(
-    make_tier: Callable[..., Tier],
-) -> None:
-    tier = make_tier(capacity_pages=40)
-    p = tier.add_preallocated("pre", num_pages=16)  # holds its 16 pages whatever it stores
-    tier.put(p, keys(8, salt="p"))
-    time.sleep(0.002)
-    g = tier.add("g")
-    tier.put(g, keys(10, salt="g"))  # 26 held
-    tier.put(g, keys(8, salt="g2"))  # 34 > 32: only G's own pages can make room
-    assert (tier.store.lookup(p, keys(8, salt="p")), tier.store.capacity().bytes_used) == (
-        8,
-        26 * SLOT,
-    )
-    assert tier.sound() == []
 
 
 def test_capacity_eviction_spares_other_namespaces_where_holes_cannot_be_punched(
@@ -314,53 +211,7 @@ def test_held_and_disk_bytes_never_exceed_capacity_through_random_traffic(
     assert tier.sound() == []
 
 
-def test_pages_beyond_capacity_are_never_granted(tier: Tier) -> None:
-    a = tier.add("a")
-    result = tier.store.allocate(a, 0, keys(25))
-    assert (len(result.allocated), len(result.no_space)) == (20, 5)
-    assert tier.sound() == []
-
-
 # --- 3. space freed in another file goes back to the file system --------------------
-
-
-def test_evicted_pages_of_another_file_are_punched_back_to_the_file_system(tier: Tier) -> None:
-    a, b = tier.add("a"), tier.add("b")
-    tier.put(a, keys(12, salt="a"))
-    before = tier.disk(a)
-    time.sleep(0.002)
-    tier.put(b, keys(6, salt="b"))  # 18 > 16 → A loses 8 keys, punched
-    assert (before, tier.disk(a)) == (12 * SLOT, 4 * SLOT)
-    assert tier.sound() == []
-
-
-def test_allocating_file_grows_into_space_punched_elsewhere(tier: Tier) -> None:
-    a, b = tier.add("a"), tier.add("b")
-    tier.put(a, keys(12, salt="a"))
-    time.sleep(0.002)
-    tier.put(b, keys(6, salt="b"))
-    tier.put(b, keys(6, salt="b2"))  # 4 + 6 + 6 = 16: no eviction, B grows on
-    assert (tier.disk(a), tier.disk(b)) == (4 * SLOT, 12 * SLOT)  # 12 > 20 - A's 12
-    assert tier.sound() == []
-
-
-def test_released_pages_of_another_file_are_punched_before_any_eviction(tier: Tier) -> None:
-    a, b = tier.add("a"), tier.add("b")
-    tier.put(a, keys(4, salt="a"))
-    spare = tier.store.allocate(a, 0, keys(6, salt="spare")).allocated
-    write_pages(tier.files[a][0], [s.page for s in spare])
-    tier.store.release(a, 0, spare)  # 10 pages on disk, 4 of them live
-    tier.put(b, keys(8, salt="b"))  # 10 + 8 > 16: the 6 free pages go back first
-    assert (tier.store.lookup(a, keys(4, salt="a")), tier.disk(a)) == (4, 4 * SLOT)
-    assert tier.sound() == []
-
-
-def test_admin_eviction_gives_the_space_back(tier: Tier) -> None:
-    a = tier.add("a")
-    tier.put(a, keys(8, salt="a"))
-    tier.store.evict(EvictRequest(all=True))
-    assert (tier.disk(a), tier.store.capacity().bytes_used) == (0, 0)
-    assert tier.sound() == []
 
 
 def test_failed_allocation_leaves_the_evicted_keys_data_on_disk(
@@ -457,94 +308,7 @@ def test_an_opening_store_finishes_left_marks_under_the_writer_lock(
     assert tier.sound() == []
 
 
-# --- 4. without a storage root -------------------------------------------------------
-
-
-def test_without_storage_root_capacity_evicts_only_the_allocating_namespace(
-    make_tier: Callable[..., Tier],
-) -> None:
-    tier = make_tier(with_root=False)
-    a, b = tier.add("a"), tier.add("b")
-    older_then_newer(tier, (a, keys(8, salt="a")), (b, keys(6, salt="b")))
-    tier.put(b, keys(4, salt="b2"))  # 14 + 4 > 16: A is older, but its space can't be punched
-    assert (tier.store.lookup(a, keys(8, salt="a")), tier.stored(b) < 10) == (8, True)
-    assert tier.sound() == []
-
-
-def test_without_storage_root_no_file_is_punched(make_tier: Callable[..., Tier]) -> None:
-    tier = make_tier(with_root=False)
-    a, b = tier.add("a"), tier.add("b")
-    tier.put(a, keys(8, salt="a"))
-    tier.store.evict(EvictRequest(all=True))
-    tier.put(b, keys(10, salt="b"))  # A's 8 free pages stay held: B gets 20 - 8 = 12 ≥ 10
-    assert (tier.disk(a), tier.store.capacity().bytes_used) == (8 * SLOT, 18 * SLOT)
-    assert tier.sound() == []
-
-
-def test_without_storage_root_pages_beyond_capacity_are_refused(
-    make_tier: Callable[..., Tier],
-) -> None:
-    tier = make_tier(with_root=False)
-    a, b = tier.add("a"), tier.add("b")
-    tier.put(a, keys(14, salt="a"))
-    result = tier.store.allocate(b, 0, keys(8, salt="b"))  # B has nothing to evict
-    assert (len(result.allocated), tier.stored(a)) == (6, 14)
-    assert tier.sound() == []
-
-
 # --- 5. quotas ----------------------------------------------------------------------
-
-
-def test_namespace_quota_evicts_only_its_own_keys(make_tier: Callable[..., Tier]) -> None:
-    tier = make_tier(capacity_pages=100, quotas={ns_id("a"): str(8 * SLOT)})
-    b, a = tier.add("b"), tier.add("a")
-    older_then_newer(tier, (b, keys(10, salt="b")), (a, keys(6, salt="a")))
-    tier.put(a, keys(4, salt="a2"))  # 6 + 4 > 6.4 pages: A evicts its own, B is older
-    assert (tier.stored(b), tier.store.lookup(a, keys(4, salt="a2"))) == (10, 4)
-    assert tier.sound() == []
-
-
-def test_namespace_never_holds_more_than_its_quota(make_tier: Callable[..., Tier]) -> None:
-    tier = make_tier(capacity_pages=100, quotas={ns_id("a"): str(8 * SLOT)})
-    a = tier.add("a")
-    rng = random.Random(7)
-    seen = []
-    for round_ in range(30):
-        tier.put(a, keys(rng.randint(1, 12), salt=f"{round_}-"))
-        stats = tier.store.namespace_stats(a)
-        seen.append((stats.bytes_live, stats.bytes_used))
-    assert [s for s in seen if max(s) > 8 * SLOT] == []
-    assert tier.sound() == []
-
-
-def test_model_quota_is_shared_by_the_models_namespaces(make_tier: Callable[..., Tier]) -> None:
-    tier = make_tier(capacity_pages=100, quotas={"m": str(8 * SLOT)})
-    other = tier.add("other")
-    x, y = tier.add("m"), tier.add("m", kv_dtype="bfloat16")
-    older_then_newer(tier, (other, keys(10, salt="o")), (x, keys(5, salt="x")))
-    tier.put(y, keys(5, salt="y"))  # 5 + 5 > 6.4: the model evicts its own LRU (X's)
-    live = [tier.store.namespace_stats(ns).bytes_live for ns in (x, y)]
-    assert (tier.stored(other), tier.stored(x) < 5, sum(live) <= 8 * SLOT) == (10, True, True)
-    assert tier.sound() == []
-
-
-def test_model_quota_is_reported_on_each_namespace(make_tier: Callable[..., Tier]) -> None:
-    tier = make_tier(capacity_pages=100, quotas={"m": "10%", ns_id("m"): str(4 * SLOT)})
-    x, y, other = tier.add("m"), tier.add("m", kv_dtype="bfloat16"), tier.add("other")
-    quotas = {s.id: s.quota_bytes for s in tier.store.stats().namespaces}
-    assert quotas == {x: 4 * SLOT, y: 10 * SLOT, other: None}
-    assert tier.sound() == []
-
-
-def test_model_never_holds_more_disk_than_its_quota(make_tier: Callable[..., Tier]) -> None:
-    tier = make_tier(capacity_pages=100, quotas={"m": str(8 * SLOT)})
-    x, y = tier.add("m"), tier.add("m", kv_dtype="bfloat16")
-    older_then_newer(tier, (x, keys(6, salt="x")))
-    tier.put(y, keys(6, salt="y"))  # evicts X's keys for Y and punches their pages
-    held = sum(tier.held(ns) for ns in (x, y))
-    disk = tier.disk(x) + tier.disk(y)
-    assert max(held, disk) <= 8 * SLOT
-    assert tier.sound() == []
 
 
 def test_dead_writers_pending_pages_are_reclaimed_for_a_quota(
@@ -582,151 +346,7 @@ def test_model_quota_holds_through_random_traffic(make_tier: Callable[..., Tier]
     assert tier.sound() == []
 
 
-# --- 6. pins ------------------------------------------------------------------------
-
-
-def test_pinned_prefix_survives_a_flood(tier: Tier) -> None:
-    a, b = tier.add("a"), tier.add("b")
-    chain = keys(8, salt="a")
-    tier.put(a, chain)
-    tier.store.pin(a, chain[:3])
-    flood(tier, b)
-    assert (tier.store.lookup(a, chain), tier.stored(a)) == (3, 3)
-    assert tier.sound() == []
-
-
-def test_unpinned_prefix_is_evictable_again(tier: Tier) -> None:
-    a, b = tier.add("a"), tier.add("b")
-    chain = keys(4, salt="a")
-    tier.put(a, chain)
-    tier.store.pin(a, chain)
-    tier.store.unpin(a, None)
-    flood(tier, b)
-    assert (tier.store.lookup(a, chain), tier.store.list_pins()) == (0, [])
-    assert tier.sound() == []
-
-
-def test_expired_pin_is_evictable(tier: Tier) -> None:
-    a, b = tier.add("a"), tier.add("b")
-    chain = keys(4, salt="a")
-    tier.put(a, chain)
-    tier.store.pin(a, chain, ttl_s=0.05)
-    time.sleep(0.06)
-    flood(tier, b)
-    assert (tier.store.lookup(a, chain), tier.store.list_pins()) == (0, [])
-    assert tier.sound() == []
-
-
-def test_admin_evict_all_leaves_pinned_keys(tier: Tier) -> None:
-    a = tier.add("a")
-    chain = keys(6, salt="a")
-    tier.put(a, chain)
-    tier.store.pin(a, chain[:2])
-    result = tier.store.evict(EvictRequest(all=True))
-    assert (result.keys, tier.store.lookup(a, chain)) == (4, 2)
-    assert tier.sound() == []
-
-
-def test_admin_evict_include_pinned_takes_pinned_keys(tier: Tier) -> None:
-    a = tier.add("a")
-    chain = keys(6, salt="a")
-    tier.put(a, chain)
-    tier.store.pin(a, chain[:2])
-    result = tier.store.evict(EvictRequest(all=True, include_pinned=True))
-    assert (result.keys, tier.store.lookup(a, chain)) == (6, 0)
-    assert tier.sound() == []
-
-
-def test_pinning_past_max_pinned_is_refused(tier: Tier) -> None:
-    # max_pinned 25% of 20 pages = 5 pages; a key of a 2-rank namespace counts 2 pages
-    a, b = tier.add("a", tp_size=2), tier.add("b")
-    tier.store.pin(a, keys(2, salt="a"))  # 4 pages
-    tier.store.pin(b, keys(1, salt="b"))  # 5 pages
-    with pytest.raises(InvalidRequest, match="max_pinned"):
-        tier.store.pin(a, keys(1, start=2, salt="a"))
-    assert len(tier.store.list_pins()) == 3
-    assert tier.sound() == []
-
-
-def test_refreshing_a_pin_does_not_count_it_twice(tier: Tier) -> None:
-    a = tier.add("a")
-    tier.store.pin(a, keys(5, salt="a"))
-    result = tier.store.pin(a, keys(5, salt="a"), ttl_s=60)
-    assert (result.pinned, result.pinned_bytes) == (5, 5 * SLOT)
-    assert tier.sound() == []
-
-
-# --- 7. dropping namespaces ---------------------------------------------------------
-
-
-def test_drop_namespace_removes_exactly_that_namespace(tier: Tier) -> None:
-    a, b = tier.add("a"), tier.add("b")
-    tier.put(a, keys(4, salt="a"))
-    tier.put(b, keys(4, salt="b"))
-    tier.store.pin(a, keys(1, salt="a"))
-    tier.store.drop_namespaces([a])
-    remove_namespace_files(tier.root, a)
-    with pytest.raises(NotFound):
-        tier.store.get_namespace(a)
-    remaining = ([ns.id for ns in tier.store.namespaces()], tier.store.list_pins())
-    assert (remaining, tier.store.lookup(b, keys(4, salt="b"))) == (([b], []), 4)
-    assert (tier.root / a).exists() is False
-    assert tier.sound() == []
-
-
-def test_drop_namespace_lowers_bytes_used_by_its_bytes(tier: Tier) -> None:
-    a, b = tier.add("a"), tier.add("b", page_bytes=8192)
-    tier.put(a, keys(4, salt="a"))
-    tier.put(b, keys(3, salt="b"))
-    before = tier.store.stats().bytes_used
-    dropped = tier.store.drop_namespaces([b]).namespaces[0]
-    freed = remove_namespace_files(tier.root, b)
-    after = tier.store.stats().bytes_used
-    assert (before - after, dropped.bytes, freed) == (3 * 8192, 3 * 8192, 3 * 8192)
-    assert tier.sound() == []
-
-
-def test_drop_skips_a_namespace_with_a_live_pending_allocation(tier: Tier) -> None:
-    a = tier.add("a")
-    tier.put(a, keys(2, salt="a"))
-    pending = tier.store.allocate(a, 0, keys(2, salt="p")).allocated
-    dropped = tier.store.drop_namespaces([a]).namespaces[0]
-    committed = tier.store.commit(a, 0, commit_items(pending))
-    assert (dropped.skipped is not None, committed, tier.store.lookup(a, keys(2, salt="a"))) == (
-        True,
-        2,
-        2,
-    )
-    assert tier.sound() == []
-
-
-def test_drop_dry_run_changes_nothing(tier: Tier) -> None:
-    a = tier.add("a")
-    tier.put(a, keys(3, salt="a"))
-    result = tier.store.drop_namespaces([a], dry_run=True)
-    assert (result.namespaces[0].keys, tier.store.lookup(a, keys(3, salt="a"))) == (3, 3)
-    assert tier.sound() == []
-
-
-def test_dropped_namespace_space_is_reusable_by_others(tier: Tier) -> None:
-    a, b = tier.add("a"), tier.add("b")
-    tier.put(a, keys(15, salt="a"))
-    tier.store.drop_namespaces([a])
-    remove_namespace_files(tier.root, a)
-    assert tier.put(b, keys(15, salt="b")) == 15
-    assert tier.sound() == []
-
-
 # --- 8. dead writers' pending pages ---------------------------------------------------
-
-
-def test_live_pending_pages_are_never_taken_for_capacity(make_tier: Callable[..., Tier]) -> None:
-    tier = make_tier(capacity_pages=10, pending_timeout_s=60)
-    a, b = tier.add("a"), tier.add("b")
-    pending = tier.store.allocate(a, 0, keys(8, salt="a")).allocated
-    granted = len(tier.store.allocate(b, 0, keys(8, salt="b")).allocated)
-    assert (granted, tier.store.commit(a, 0, commit_items(pending))) == (2, 8)
-    assert tier.sound() == []
 
 
 def test_dead_writers_pending_pages_are_reclaimed_when_capacity_is_needed(
@@ -743,14 +363,117 @@ def test_dead_writers_pending_pages_are_reclaimed_when_capacity_is_needed(
     assert tier.sound() == []
 
 
-# --- 9. schema-1 stores, migrated ----------------------------------------------------
+# --- 9. schema-1 stores -------------------------------------------------------------
+
+# The DDL of schema 1 (`git show HEAD~1:hf3fsctl/meta/schema.py`), before capacity.
+SCHEMA_1_DDL = """
+CREATE TABLE store_info (name TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID;
+CREATE TABLE namespaces (
+    id TEXT PRIMARY KEY,
+    manifest TEXT NOT NULL,
+    num_ranks INTEGER NOT NULL,
+    created REAL NOT NULL,
+    hits INTEGER NOT NULL DEFAULT 0,
+    lookups INTEGER NOT NULL DEFAULT 0,
+    lookup_keys INTEGER NOT NULL DEFAULT 0,
+    hit_keys INTEGER NOT NULL DEFAULT 0
+) WITHOUT ROWID;
+CREATE TABLE rank_files (
+    namespace TEXT NOT NULL,
+    rank INTEGER NOT NULL,
+    path TEXT NOT NULL,
+    page_bytes INTEGER NOT NULL,
+    slot_bytes INTEGER NOT NULL,
+    num_pages INTEGER NOT NULL,
+    next_unused INTEGER NOT NULL DEFAULT 0,
+    used INTEGER NOT NULL DEFAULT 0,
+    PRIMARY KEY (namespace, rank)
+) WITHOUT ROWID;
+CREATE TABLE entries (
+    namespace TEXT NOT NULL,
+    key TEXT NOT NULL,
+    rank INTEGER NOT NULL,
+    page INTEGER NOT NULL,
+    state INTEGER NOT NULL,
+    checksum TEXT,
+    size INTEGER NOT NULL DEFAULT 0,
+    depth INTEGER NOT NULL DEFAULT 0,
+    created REAL NOT NULL,
+    last_access REAL NOT NULL,
+    hits INTEGER NOT NULL DEFAULT 0,
+    deadline REAL,
+    lease_until REAL NOT NULL DEFAULT 0,
+    page_free_at REAL NOT NULL DEFAULT 0,
+    PRIMARY KEY (namespace, rank, page)
+) WITHOUT ROWID;
+CREATE UNIQUE INDEX entries_by_key ON entries (namespace, key, rank);
+CREATE INDEX entries_pending ON entries (namespace, rank, deadline) WHERE state = 0;
+CREATE TABLE free_pages (
+    namespace TEXT NOT NULL,
+    rank INTEGER NOT NULL,
+    page INTEGER NOT NULL,
+    reusable_after REAL NOT NULL,
+    PRIMARY KEY (namespace, rank, page)
+) WITHOUT ROWID;
+CREATE INDEX free_pages_by_time ON free_pages (namespace, rank, reusable_after);
+CREATE TABLE changes (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    namespace TEXT NOT NULL,
+    key TEXT NOT NULL,
+    delta INTEGER NOT NULL
+);
+CREATE TRIGGER changes_on_insert AFTER INSERT ON entries WHEN new.state = 1
+BEGIN
+    INSERT INTO changes (namespace, key, delta) VALUES (new.namespace, new.key, 1);
+END;
+CREATE TRIGGER changes_on_commit AFTER UPDATE OF state ON entries
+WHEN old.state != 1 AND new.state = 1
+BEGIN
+    INSERT INTO changes (namespace, key, delta) VALUES (new.namespace, new.key, 1);
+END;
+CREATE TRIGGER changes_on_delete AFTER DELETE ON entries WHEN old.state = 1
+BEGIN
+    INSERT INTO changes (namespace, key, delta) VALUES (old.namespace, old.key, -1);
+END;
+"""
+
+SCHEMA_1_PAGES = 16
+
+
+def schema_1_store(path: Path, chain: list[str]) -> str:
+    """A schema-1 database: one namespace, a 16-page file, `chain` committed, a free page."""
+    import json
+
+    manifest = make_manifest(model="old").to_dict()
+    ns = namespace_id(manifest)
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.executescript(SCHEMA_1_DDL)
+    conn.execute("PRAGMA journal_mode = WAL")
+    now = time.time() - 100
+    with conn:
+        conn.execute("INSERT INTO store_info VALUES ('schema_version', '1')")
+        conn.execute(
+            "INSERT INTO namespaces (id, manifest, num_ranks, created) VALUES (?,?,1,?)",
+            (ns, json.dumps(manifest, sort_keys=True, separators=(",", ":")), now),
+        )
+        conn.execute(
+            "INSERT INTO rank_files VALUES (?, 0, ?, ?, ?, ?, ?, ?)",
+            (ns, f"{ns}/rank-0000.pages", SLOT, SLOT, SCHEMA_1_PAGES, len(chain) + 1, len(chain)),
+        )
+        conn.executemany(
+            "INSERT INTO entries (namespace, key, rank, page, state, checksum, size, depth,"
+            " created, last_access) VALUES (?,?,0,?,1,?,?,?,?,?)",
+            [(ns, k, i, checksum(k, i), SLOT, i, now, now) for i, k in enumerate(chain)],
+        )
+        conn.execute("INSERT INTO free_pages VALUES (?, 0, ?, ?)", (ns, len(chain), now))
+    conn.close()
+    return ns
 
 
 @pytest.fixture
 def migrated(tmp_path: Path) -> Iterator[tuple[MetadataStore, str, list[str]]]:
     chain = keys(3, salt="old")
     ns = schema_1_store(tmp_path / "meta.db", chain)
-    migrate(tmp_path / "meta.db")  # `hf3fsctl migrate`: never done on open
     store = MetadataStore(tmp_path / "meta.db", policy=StorePolicy(storage_root=None))
     yield store, ns, chain
     store.close()
@@ -798,62 +521,3 @@ def test_schema_1_store_opens_again_unchanged(migrated: Any, tmp_path: Path) -> 
     finally:
         again.close()
     assert store.check_invariants() == []
-
-
-# --- 10. leases ----------------------------------------------------------------------
-
-
-def test_leased_pages_of_another_file_are_not_punched_until_the_lease_ends(
-    make_tier: Callable[..., Tier],
-) -> None:
-    tier = make_tier(capacity_pages=10, lease_s=0.5)
-    a, b = tier.add("a"), tier.add("b")
-    tier.put(a, keys(8, salt="a"))
-    tier.store.locate(a, 0, keys(8, salt="a"))
-    tier.store.evict(EvictRequest(all=True))  # admin eviction takes leased keys
-    first = len(tier.store.allocate(b, 0, keys(8, salt="b")).allocated)
-    held_disk = tier.disk(a)
-    time.sleep(0.55)  # the lease ends
-    second = len(tier.store.allocate(b, 0, keys(6, salt="b2")).allocated)
-    assert (first, held_disk, second, tier.disk(a)) == (2, 8 * SLOT, 6, 0)
-    assert tier.sound() == []
-
-
-def test_leased_page_of_the_allocating_file_is_not_reused_until_the_lease_ends(
-    make_tier: Callable[..., Tier],
-) -> None:
-    tier = make_tier(capacity_pages=10, lease_s=0.5)
-    a = tier.add("a")
-    tier.put(a, keys(2, salt="a"))
-    tier.store.locate(a, 0, keys(2, salt="a"))
-    tier.store.evict(EvictRequest(all=True))
-    during = [x.page for x in tier.store.allocate(a, 0, keys(2, salt="during")).allocated]
-    time.sleep(0.55)  # the lease ends
-    after = [x.page for x in tier.store.allocate(a, 0, keys(2, salt="after")).allocated]
-    assert (during, sorted(after)) == ([2, 3], [0, 1])
-    assert tier.sound() == []
-
-
-def test_leased_keys_are_not_evicted_for_capacity(make_tier: Callable[..., Tier]) -> None:
-    tier = make_tier(capacity_pages=10, lease_s=60)
-    a, b = tier.add("a"), tier.add("b")
-    tier.put(a, keys(8, salt="a"))
-    tier.store.locate(a, 0, keys(8, salt="a"))
-    granted = len(tier.store.allocate(b, 0, keys(8, salt="b")).allocated)
-    assert (granted, tier.store.lookup(a, keys(8, salt="a")), tier.disk(a)) == (2, 8, 8 * SLOT)
-    assert tier.sound() == []
-
-
-def test_a_full_single_namespace_store_evicts_one_swing_not_everything(tier: Tier) -> None:
-    # 20-page capacity, watermarks 0.8 / 0.5: one swing is 6 pages. The namespace's own
-    # freed pages are room too (kept for reuse), so eviction stops once this allocation
-    # and one swing fit — it must not empty the store trying to reach the low watermark.
-    a = tier.add("a")
-    old = keys(16, salt="old")
-    tier.put(a, old)
-    time.sleep(0.002)
-    assert tier.put(a, keys(2, salt="new")) == 2
-    kept = sum(1 for key in old if tier.store.lookup(a, [key]) == 1)
-    assert 6 <= kept <= 10
-    assert tier.store.capacity().bytes_used <= 20 * SLOT
-    assert tier.sound() == []
