@@ -1,6 +1,6 @@
 """One capacity for the whole store: cross-namespace LRU over growing page files on a
-real disk, hole punching, quotas, pins, namespace drop, dead writers, leases, and the
-schema-1 migration.
+real disk, hole punching, quotas, pins, namespace drop, dead writers, leases, and a schema-1
+store after `hf3fsctl migrate`.
 
 Every store here has a storage root under `tmp_path` holding real sparse page files
 (`PageFile.create_growable`); the tests write real bytes into the pages they are granted,
@@ -35,9 +35,11 @@ from helpers.meta_builders import (
     store_written,
     write_pages,
 )
+from helpers.old_stores import SCHEMA_1_PAGES, schema_1_store
 
 from hf3fsctl.errors import MetadataUnavailable
 from hf3fsctl.keys import namespace_id
+from hf3fsctl.meta.migration import migrate
 from hf3fsctl.meta.models import CommitItem
 from hf3fsctl.meta.policy import StorePolicy
 from hf3fsctl.meta.store import MetadataStore
@@ -363,117 +365,14 @@ def test_dead_writers_pending_pages_are_reclaimed_when_capacity_is_needed(
     assert tier.sound() == []
 
 
-# --- 9. schema-1 stores -------------------------------------------------------------
-
-# The DDL of schema 1 (`git show HEAD~1:hf3fsctl/meta/schema.py`), before capacity.
-SCHEMA_1_DDL = """
-CREATE TABLE store_info (name TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID;
-CREATE TABLE namespaces (
-    id TEXT PRIMARY KEY,
-    manifest TEXT NOT NULL,
-    num_ranks INTEGER NOT NULL,
-    created REAL NOT NULL,
-    hits INTEGER NOT NULL DEFAULT 0,
-    lookups INTEGER NOT NULL DEFAULT 0,
-    lookup_keys INTEGER NOT NULL DEFAULT 0,
-    hit_keys INTEGER NOT NULL DEFAULT 0
-) WITHOUT ROWID;
-CREATE TABLE rank_files (
-    namespace TEXT NOT NULL,
-    rank INTEGER NOT NULL,
-    path TEXT NOT NULL,
-    page_bytes INTEGER NOT NULL,
-    slot_bytes INTEGER NOT NULL,
-    num_pages INTEGER NOT NULL,
-    next_unused INTEGER NOT NULL DEFAULT 0,
-    used INTEGER NOT NULL DEFAULT 0,
-    PRIMARY KEY (namespace, rank)
-) WITHOUT ROWID;
-CREATE TABLE entries (
-    namespace TEXT NOT NULL,
-    key TEXT NOT NULL,
-    rank INTEGER NOT NULL,
-    page INTEGER NOT NULL,
-    state INTEGER NOT NULL,
-    checksum TEXT,
-    size INTEGER NOT NULL DEFAULT 0,
-    depth INTEGER NOT NULL DEFAULT 0,
-    created REAL NOT NULL,
-    last_access REAL NOT NULL,
-    hits INTEGER NOT NULL DEFAULT 0,
-    deadline REAL,
-    lease_until REAL NOT NULL DEFAULT 0,
-    page_free_at REAL NOT NULL DEFAULT 0,
-    PRIMARY KEY (namespace, rank, page)
-) WITHOUT ROWID;
-CREATE UNIQUE INDEX entries_by_key ON entries (namespace, key, rank);
-CREATE INDEX entries_pending ON entries (namespace, rank, deadline) WHERE state = 0;
-CREATE TABLE free_pages (
-    namespace TEXT NOT NULL,
-    rank INTEGER NOT NULL,
-    page INTEGER NOT NULL,
-    reusable_after REAL NOT NULL,
-    PRIMARY KEY (namespace, rank, page)
-) WITHOUT ROWID;
-CREATE INDEX free_pages_by_time ON free_pages (namespace, rank, reusable_after);
-CREATE TABLE changes (
-    seq INTEGER PRIMARY KEY AUTOINCREMENT,
-    namespace TEXT NOT NULL,
-    key TEXT NOT NULL,
-    delta INTEGER NOT NULL
-);
-CREATE TRIGGER changes_on_insert AFTER INSERT ON entries WHEN new.state = 1
-BEGIN
-    INSERT INTO changes (namespace, key, delta) VALUES (new.namespace, new.key, 1);
-END;
-CREATE TRIGGER changes_on_commit AFTER UPDATE OF state ON entries
-WHEN old.state != 1 AND new.state = 1
-BEGIN
-    INSERT INTO changes (namespace, key, delta) VALUES (new.namespace, new.key, 1);
-END;
-CREATE TRIGGER changes_on_delete AFTER DELETE ON entries WHEN old.state = 1
-BEGIN
-    INSERT INTO changes (namespace, key, delta) VALUES (old.namespace, old.key, -1);
-END;
-"""
-
-SCHEMA_1_PAGES = 16
-
-
-def schema_1_store(path: Path, chain: list[str]) -> str:
-    """A schema-1 database: one namespace, a 16-page file, `chain` committed, a free page."""
-    import json
-
-    manifest = make_manifest(model="old").to_dict()
-    ns = namespace_id(manifest)
-    conn = sqlite3.connect(path, isolation_level=None)
-    conn.executescript(SCHEMA_1_DDL)
-    conn.execute("PRAGMA journal_mode = WAL")
-    now = time.time() - 100
-    with conn:
-        conn.execute("INSERT INTO store_info VALUES ('schema_version', '1')")
-        conn.execute(
-            "INSERT INTO namespaces (id, manifest, num_ranks, created) VALUES (?,?,1,?)",
-            (ns, json.dumps(manifest, sort_keys=True, separators=(",", ":")), now),
-        )
-        conn.execute(
-            "INSERT INTO rank_files VALUES (?, 0, ?, ?, ?, ?, ?, ?)",
-            (ns, f"{ns}/rank-0000.pages", SLOT, SLOT, SCHEMA_1_PAGES, len(chain) + 1, len(chain)),
-        )
-        conn.executemany(
-            "INSERT INTO entries (namespace, key, rank, page, state, checksum, size, depth,"
-            " created, last_access) VALUES (?,?,0,?,1,?,?,?,?,?)",
-            [(ns, k, i, checksum(k, i), SLOT, i, now, now) for i, k in enumerate(chain)],
-        )
-        conn.execute("INSERT INTO free_pages VALUES (?, 0, ?, ?)", (ns, len(chain), now))
-    conn.close()
-    return ns
+# --- 9. schema-1 stores, migrated ----------------------------------------------------
 
 
 @pytest.fixture
 def migrated(tmp_path: Path) -> Iterator[tuple[MetadataStore, str, list[str]]]:
     chain = keys(3, salt="old")
     ns = schema_1_store(tmp_path / "meta.db", chain)
+    migrate(tmp_path / "meta.db")  # `hf3fsctl migrate`: never done on open
     store = MetadataStore(tmp_path / "meta.db", policy=StorePolicy(storage_root=None))
     yield store, ns, chain
     store.close()
