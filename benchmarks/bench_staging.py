@@ -5,6 +5,13 @@ CUDA FlashAttention does (layer-outermost): 32 layers, 8 KV heads, head_dim 128,
 bf16, so one (block, layer) page is 64 KiB and one stored page (all layers) is 2 MiB. The
 cache holds 2048 blocks (4 GiB) and each batch takes random, non-contiguous block ids.
 
+Other geometries (`--geometries`, default all on a GPU): every byte layout the connector
+accepts, as (layers, bytes of one (block, layer) page, layer- or block-outermost). vLLM's
+HND/NHD variants (LBHNC, LBNHC) permute axes inside a page, so at this level they are the
+same geometry; what changes the copy is the page size and whether a block's layers are one
+range. They run the default path (`zero_copy`) only, at 1 block (against a pinned copy of
+the same bytes: the ratio of times) and at 64/512 blocks (against PCIe).
+
 Variants, for gather (cache -> pinned host) and scatter (pinned host -> cache):
   loop       the seed connector's style: one `copy_` per (block, layer)
   torch      the pure-torch path: index_select per segment, then one copy to the host
@@ -50,14 +57,34 @@ from hf3fsctl.staging import (  # noqa: E402
 GB = 1e9
 
 
+# name -> (layers, bytes of one (block, layer) page, layout, what it is)
+GEOMETRIES: dict[str, tuple[int, int, str, str]] = {
+    "llama8b-bf16-BLNHC": (
+        32,
+        2 * 16 * 8 * 128 * 2,
+        "block_outer",
+        "block-outermost, 64 KiB/layer",
+    ),
+    "llama8b-tp2-fp8-LBNHC": (32, 2 * 16 * 4 * 128, "layer_outer", "fp8, TP 2: 16 KiB/layer"),
+    "llama8b-tp2-fp8-BLNHC": (32, 2 * 16 * 4 * 128, "block_outer", "fp8, TP 2, block-outermost"),
+    "mla-bf16-LBNHC": (61, 64 * 576 * 2, "layer_outer", "DeepSeek MLA, block 64: 72 KiB/layer"),
+    "mla-fp8-LBNHC": (61, 16 * 576, "layer_outer", "MLA fp8 (uint8), block 16: 9 KiB/layer"),
+    "mla-fp8-BLNHC": (61, 16 * 576, "block_outer", "MLA fp8, block-outermost"),
+}
+
+
+def _segment(layers: int, page: int, layout: str, blocks: int, device: str) -> KVSegment:
+    """A flat KV buffer of random bytes (never time zeros) in the given byte layout."""
+    buffer = torch.empty(layers * blocks * page, dtype=torch.uint8, device=device)
+    buffer.random_(0, 256)
+    if layout == "layer_outer":
+        return KVSegment(buffer, 0, blocks * page, page, layers, blocks, page)
+    return KVSegment(buffer, 0, page, layers * page, layers, blocks, page)
+
+
 def _cache(args: argparse.Namespace, device: str) -> KVSegment:
     page = 2 * args.block_size * args.kv_heads * args.head_dim * 2  # K+V, bf16
-    nbytes = args.layers * args.cache_blocks * page
-    buffer = torch.empty(nbytes, dtype=torch.uint8, device=device)
-    buffer.random_(0, 256)  # never time zeros
-    return KVSegment(
-        buffer, 0, args.cache_blocks * page, page, args.layers, args.cache_blocks, page
-    )
+    return _segment(args.layers, page, "layer_outer", args.cache_blocks, device)
 
 
 def _timer(device: str, fn: Callable[[], None], repeat: int, warmup: int = 2) -> float:
@@ -204,6 +231,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "cache_blocks": args.cache_blocks,
             "layout": "layer-outermost (FlashAttention LBNHC)",
         },
+        "geometries": {},
         "results": [],
         "ceilings": {},
     }
@@ -216,10 +244,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         host = torch.empty(n, seg.page_bytes, dtype=torch.uint8, pin_memory=device == "cuda")
         host.random_(0, 256)
         table_dev = torch.empty(n, seg.page_bytes, dtype=torch.uint8, device=device)
-        doc["ceilings"][str(n)] = _ceilings(nbytes, device, args.repeat)
+        base_repeat = args.repeat * 5 if n == 1 else args.repeat
+        doc["ceilings"][str(n)] = _ceilings(nbytes, device, base_repeat)
         for name, (gather, scatter, on_device) in variants.items():
             table = table_dev if on_device else host
-            repeat = max(2, args.repeat // 5) if name == "loop" else args.repeat
+            repeat = max(2, base_repeat // 5) if name == "loop" else base_repeat
             for op, fn in (("gather", gather), ("scatter", scatter)):
                 seconds = _timer(
                     device,
@@ -227,13 +256,61 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     repeat,
                 )
                 doc["results"].append(
-                    {"op": op, "blocks": n, "variant": name, "bytes": nbytes,
-                     "median_ms": seconds * 1e3, "gbps": nbytes / seconds / GB}
+                    {"geometry": "llama8b-bf16-LBNHC", "op": op, "blocks": n, "variant": name,
+                     "bytes": nbytes, "median_ms": seconds * 1e3, "gbps": nbytes / seconds / GB,
+                     "ceiling": str(n)}
                 )  # fmt: skip
+    if device == "cuda" and "cuda" in devices:
+        for name in args.geometries:
+            _run_geometry(doc, name, args, devices, generator)
     if args.roundtrip_blocks and device in devices:
         with tempfile.TemporaryDirectory(prefix="bench-staging-", dir=args.storage_dir) as tmp:
             doc["roundtrip"] = _roundtrip(seg, args.roundtrip_blocks, device, Path(tmp))
     return doc
+
+
+def _run_geometry(
+    doc: dict[str, Any],
+    name: str,
+    args: argparse.Namespace,
+    devices: frozenset[str],
+    generator: torch.Generator,
+) -> None:
+    """The default path (zero_copy) on one of `GEOMETRIES`, with its ceilings."""
+    import os
+
+    layers, page, layout, what = GEOMETRIES[name]
+    block_bytes = layers * page
+    cache_blocks = max(max(args.blocks), (4 << 30) // block_bytes)
+    seg = _segment(layers, page, layout, cache_blocks, "cuda")
+    doc["geometries"][name] = {
+        "layers": layers, "layer_page_bytes": page, "block_page_bytes": block_bytes,
+        "layout": layout, "cache_blocks": cache_blocks, "what": what,
+    }  # fmt: skip
+    chunks = [None, *args.chunk_sweep]
+    for n in args.blocks:
+        nbytes = n * block_bytes
+        blocks = torch.randperm(cache_blocks, generator=generator)[:n].tolist()
+        ids = torch.tensor(blocks)
+        host = torch.empty(n, block_bytes, dtype=torch.uint8, pin_memory=True).random_(0, 256)
+        key = f"{name}/{n}"
+        repeat = args.repeat * 5 if n == 1 else args.repeat
+        doc["ceilings"][key] = _ceilings(nbytes, "cuda", repeat)
+        for chunk in chunks if n > 1 else [None]:
+            if chunk is not None:
+                os.environ["HF3FSCTL_STAGING_CHUNK_BYTES"] = str(chunk)
+            ops = _CompiledOps(devices, "zero_copy")
+            for op in ("gather", "scatter"):
+                fn = ops.gather if op == "gather" else ops.scatter
+                seconds = _timer(
+                    "cuda", lambda fn=fn, ids=ids, host=host: fn([seg], ids, host), repeat
+                )
+                doc["results"].append(
+                    {"geometry": name, "op": op, "blocks": n, "bytes": nbytes,
+                     "variant": "zero_copy" if chunk is None else f"zero_copy@{chunk >> 10}K",
+                     "median_ms": seconds * 1e3, "gbps": nbytes / seconds / GB, "ceiling": key}
+                )  # fmt: skip
+            os.environ.pop("HF3FSCTL_STAGING_CHUNK_BYTES", None)
 
 
 def _print_table(doc: dict[str, Any]) -> None:
@@ -241,18 +318,21 @@ def _print_table(doc: dict[str, Any]) -> None:
     from rich.table import Table
 
     table = Table(title=f"staging on {doc['device']} (GB/s, one direction)")
-    for column in ("op", "blocks", "MiB", "variant", "ms", "GB/s", "of PCIe", "of D2D"):
+    columns = ("geometry", "op", "blocks", "MiB", "variant", "ms", "GB/s", "of PCIe",
+               "time / copy", "of D2D")  # fmt: skip
+    for column in columns:
         table.add_column(column, justify="right")
     for r in doc["results"]:
-        ceiling = doc["ceilings"][str(r["blocks"])]
+        ceiling = doc["ceilings"][r["ceiling"]]
         pcie = ceiling.get("pcie_d2h" if r["op"] == "gather" else "pcie_h2d")
         table.add_row(
-            r["op"], str(r["blocks"]), f"{r['bytes'] / 2**20:.0f}", r["variant"],
+            r["geometry"], r["op"], str(r["blocks"]), f"{r['bytes'] / 2**20:.1f}", r["variant"],
             f"{r['median_ms']:.3f}", f"{r['gbps']:.1f}",
             f"{r['gbps'] / pcie:.0%}" if pcie else "-",
+            f"{pcie / r['gbps']:.2f}x" if pcie else "-",
             f"{r['gbps'] / ceiling['d2d_copy']:.0%}",
         )  # fmt: skip
-    console = Console(stderr=True)
+    console = Console(stderr=True, width=170)
     console.print(table)
     console.print({"ceilings_gbps": doc["ceilings"], "roundtrip": doc.get("roundtrip")})
 
@@ -270,12 +350,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--roundtrip-blocks", type=int, default=None)
     parser.add_argument("--storage-dir", default=None, help="where the round trip's file goes")
     parser.add_argument("--device", choices=["auto", "cpu"], default="auto")
+    parser.add_argument(
+        "--geometries", nargs="*", choices=sorted(GEOMETRIES), default=None,
+        help="other KV byte layouts to time with the default path (GPU; default: all)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--chunk-sweep", type=int, nargs="*", default=[],
+        help="also time these kernel chunk sizes (bytes per thread block) on --geometries",
+    )  # fmt: skip
     parser.add_argument("--json", action="store_true", help="one JSON document on stdout")
     parser.add_argument("--out", type=Path, default=None, help="also write the JSON here")
     args = parser.parse_args(argv)
     gpu = torch.cuda.is_available() and args.device != "cpu"
     if args.blocks is None:
-        args.blocks = [64, 512] if gpu else [16]
+        args.blocks = [1, 64, 512] if gpu else [16]
+    if args.geometries is None:
+        args.geometries = sorted(GEOMETRIES) if gpu else []
     if args.cache_blocks is None:
         args.cache_blocks = 2048 if gpu else 64
     if args.roundtrip_blocks is None:

@@ -169,11 +169,13 @@ _OP_NAMES = ("hf3fsctl::gather_pages", "hf3fsctl::scatter_pages")
 
 
 class _CompiledOps:
-    """The csrc/ ops: one kernel launch (or one CPU parallel loop) per segment per batch.
+    """The csrc/ ops: one copy-engine call or kernel launch (CPU: one parallel loop) per
+    segment per batch.
 
-    Block ids are checked on the host, moved to the cache's device once per batch, and read
-    there by the kernel. Tensors on a device the library was not built for, and pageable
-    host staging next to a CUDA cache, take the torch path.
+    Block ids stay on the host: the op range-checks them there and hands a CUDA kernel up to
+    512 of them by value (no H2D copy, no synchronisation); a single block is one
+    cudaMemcpy2DAsync. Tensors on a device the library was not built for, and pageable host
+    staging next to a CUDA cache, take the torch path.
     """
 
     name = "compiled"
@@ -201,21 +203,13 @@ class _CompiledOps:
             logger.info("staging gather/scatter: torch path for %s", reason)
         return False
 
-    def _device_ids(self, segments: Sequence[KVSegment], block_ids: torch.Tensor) -> torch.Tensor:
-        if block_ids.device.type == "cpu":
-            limit = min(seg.num_blocks for seg in segments)
-            low, high = int(block_ids.min()), int(block_ids.max())
-            if low < 0 or high >= limit:
-                raise IndexError(f"block ids {low}..{high} out of range for {limit} blocks")
-        return block_ids.to(segments[0].buffer.device, non_blocking=True)
-
     def gather(
         self, segments: Sequence[KVSegment], block_ids: torch.Tensor, out: torch.Tensor
     ) -> None:
         if not self._supported(segments, out):
             self._fallback.gather(segments, block_ids, out)
             return
-        ids = self._device_ids(segments, block_ids)
+        ids = block_ids  # host ids are checked by the op (IndexError), never copied here
         device = segments[0].buffer.device
         bounce = self.host_transfer == "bounce" and device.type == "cuda" and not out.is_cuda
         table = torch.empty(out.shape, dtype=torch.uint8, device=device) if bounce else out
@@ -235,7 +229,7 @@ class _CompiledOps:
         if not self._supported(segments, src):
             self._fallback.scatter(segments, block_ids, src)
             return
-        ids = self._device_ids(segments, block_ids)
+        ids = block_ids
         device = segments[0].buffer.device
         if self.host_transfer == "bounce" and device.type == "cuda" and not src.is_cuda:
             src = src.to(device, non_blocking=True)

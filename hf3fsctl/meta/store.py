@@ -64,8 +64,8 @@ from hf3fsctl.meta.models import (
     AllocateResult,
     Allocation,
     CapacityInfo,
-    CheckedKeys,
     ChangeLog,
+    CheckedKeys,
     CommitItem,
     DropNamespacesResult,
     EntryInfo,
@@ -1045,21 +1045,6 @@ class MetadataStore:
                 problems.extend(template.format(*row) for row in conn.execute(query))
         return problems
 
-    def check_integrity(self) -> list[str]:
-        """SQLite's own check of the file (`PRAGMA integrity_check`): B-trees, indexes,
-        page links. Empty when sound; reads every page, so it takes a while on a large
-        store (doctor runs it, not the hot path)."""
-        with self._read() as conn:
-            rows = [str(r[0]) for r in conn.execute("PRAGMA integrity_check")]
-        return [] if rows == ["ok"] else rows
-
-    def namespace_stats(self, namespace: str) -> NamespaceStats:
-        """Usage and traffic of one namespace; `NotFound` if absent."""
-        check_namespace_id(namespace)
-        for stats in self.stats().namespaces:
-            if stats.id == namespace:
-                return stats
-        raise NotFound(f"namespace {namespace} is not registered")
     def changes(self, since: int, namespace: str | None = None, limit: int = 10_000) -> ChangeLog:
         """The change log after `since` (see `committed_index.read_changes`); never waits."""
         if namespace is not None:
@@ -1075,3 +1060,10 @@ class MetadataStore:
             rows = [str(r[0]) for r in conn.execute("PRAGMA integrity_check")]
         return [] if rows == ["ok"] else rows
 
+    def namespace_stats(self, namespace: str) -> NamespaceStats:
+        """Usage and traffic of one namespace; `NotFound` if absent."""
+        check_namespace_id(namespace)
+        for stats in self.stats().namespaces:
+            if stats.id == namespace:
+                return stats
+        raise NotFound(f"namespace {namespace} is not registered")

@@ -13,11 +13,7 @@ namespace {
 template <typename index_t>
 void copy_pages_cpu(uint8_t* cache, uint8_t* table, const index_t* ids, const PageGeometry& g,
                     bool to_table) {
-  for (int64_t r = 0; r < g.rows; ++r) {
-    TORCH_CHECK_INDEX(ids[r] >= 0 && ids[r] < g.num_blocks,
-                      message("block id ", static_cast<int64_t>(ids[r]), " out of range for ",
-                              g.num_blocks, " blocks"));
-  }
+  check_block_ids(ids, g.rows, g.num_blocks);
   // About 1 MiB of pages per task: large enough to amortise the task, small enough to share.
   const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 20) / g.page_size);
   at::parallel_for(0, g.rows * g.num_layers, grain, [&](int64_t begin, int64_t end) {

@@ -1,55 +1,90 @@
-// CUDA implementation of gather_pages / scatter_pages: ONE launch per call moves every
-// (row, layer) page of the batch, one thread block per page, block ids read on the device.
-// The staging table may be device memory or pinned host memory; pinned memory is accessed
-// in place through its mapped device pointer (zero-copy over PCIe, no bounce buffer).
+// CUDA implementation of gather_pages / scatter_pages.
+//
+// * One block (one row of the staging table): one cudaMemcpy2DAsync per call — the copy
+//   engine moves the block's per-layer pages (equal size, `layer_stride` apart) with no
+//   kernel launch and no SM time, as fast as a pinned copy of the same bytes.
+// * Several rows: ONE kernel launch per call. The work is cut into chunks of at most
+//   kChunkBytes of one (row, layer) page, one thread block per chunk, so small per-layer
+//   pages and whole-block pages alike keep the copy units busy.
+// * Layers stored back to back inside a block (block-outermost layouts) are merged into
+//   one page first: one contiguous range per block instead of num_layers small ones.
+// * Block ids on the host (the usual case) are range-checked here and, up to kInlineIds of
+//   them, passed to the kernel by value in its parameters: no H2D copy, no allocation, no
+//   synchronisation. More ids, or ids already on the device, are read from device memory.
+// The staging table may be device memory or pinned host memory; the kernel accesses pinned
+// memory in place through its mapped device pointer (zero-copy over PCIe, no bounce).
 // Copies are 16 bytes wide when every address, stride and size allows, else 8/4/2/1.
 #include <ATen/Dispatch.h>
-#include <c10/cuda/CUDAStream.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime.h>
+
+#include <cstdlib>
+#include <limits>
 
 #include "staging_ops.h"
 
 namespace hf3fsctl {
 namespace {
 
-constexpr int kUnroll = 4;       // independent loads in flight per thread before the stores
+constexpr int kUnroll = 4;  // independent loads in flight per thread before the stores
 constexpr int kMaxThreads = 256;
+constexpr int64_t kDefaultChunkBytes = 32 * 1024;
+constexpr int kInlineIds = 512;  // 2 KiB of the 4 KiB kernel-parameter space
 
-template <typename vec_t, typename index_t, bool kToTable>
-__global__ void copy_pages_kernel(uint8_t* __restrict__ cache, uint8_t* __restrict__ table,
-                                  const index_t* __restrict__ ids, PageGeometry g) {
-  const int64_t page = blockIdx.x;
+// Block ids passed by value (kernel parameter space; no device allocation).
+struct InlineIds {
+  int32_t id[kInlineIds];
+  __device__ int64_t operator[](int64_t row) const { return id[row]; }
+};
+
+// Block ids in device memory.
+template <typename index_t>
+struct DeviceIds {
+  const index_t* ptr;
+  __device__ int64_t operator[](int64_t row) const { return static_cast<int64_t>(ptr[row]); }
+};
+
+template <typename vec_t, typename Ids, bool kToTable>
+__global__ void __launch_bounds__(kMaxThreads)
+    copy_pages_kernel(uint8_t* __restrict__ cache, uint8_t* __restrict__ table,
+                      const __grid_constant__ Ids ids, const PageGeometry g, int64_t chunks,
+                      int64_t chunk_vecs) {
+  const int64_t unit = blockIdx.x;
+  const int64_t page = unit / chunks;
+  const int64_t chunk = unit - page * chunks;
   const int64_t row = page / g.num_layers;
   const int64_t layer = page - row * g.num_layers;
-  const int64_t block = static_cast<int64_t>(ids[row]);
+  const int64_t block = ids[row];
   if (block < 0 || block >= g.num_blocks) {
-    return;  // the Python caller checks ids; never touch memory outside the cache
+    return;  // host ids are checked before the launch; never touch memory outside the cache
   }
   uint8_t* cache_page = cache + g.offset + layer * g.layer_stride + block * g.block_stride;
   uint8_t* table_page = table + row * g.row_stride + g.column + layer * g.page_size;
   const vec_t* __restrict__ src =
       reinterpret_cast<const vec_t*>(kToTable ? cache_page : table_page);
   vec_t* __restrict__ dst = reinterpret_cast<vec_t*>(kToTable ? table_page : cache_page);
-  const int64_t n = g.page_size / static_cast<int64_t>(sizeof(vec_t));
+  const int64_t begin = chunk * chunk_vecs;
+  const int64_t vecs = g.page_size / static_cast<int64_t>(sizeof(vec_t));
+  const int64_t end = begin + chunk_vecs < vecs ? begin + chunk_vecs : vecs;
   const int64_t step = static_cast<int64_t>(blockDim.x) * kUnroll;
-  for (int64_t base = threadIdx.x; base < n; base += step) {
+  for (int64_t base = begin + threadIdx.x; base < end; base += step) {
     vec_t v[kUnroll];
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int64_t i = base + static_cast<int64_t>(u) * blockDim.x;
-      if (i < n) v[u] = src[i];
+      if (i < end) v[u] = src[i];
     }
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int64_t i = base + static_cast<int64_t>(u) * blockDim.x;
-      if (i < n) dst[i] = v[u];
+      if (i < end) dst[i] = v[u];
     }
   }
 }
 
-// The device address of the staging table: its own pointer on the GPU, the mapped
+// The staging table's address for the kernel: its own pointer on the GPU, the mapped
 // pointer of pinned host memory; pageable host memory is a caller error.
 uint8_t* table_device_pointer(const at::Tensor& table, const at::Device& device) {
   uint8_t* ptr = static_cast<uint8_t*>(table.data_ptr());
@@ -77,47 +112,116 @@ int vector_width(uint64_t bits) {
   return 1;
 }
 
-template <typename vec_t, typename index_t, bool kToTable>
-void launch(uint8_t* cache, uint8_t* table, const index_t* ids, const PageGeometry& g) {
+// Bytes one thread block moves. HF3FSCTL_STAGING_CHUNK_BYTES overrides the default: a
+// tuning knob for benchmarks/bench_staging.py, not a setting (read per call: a getenv).
+int64_t chunk_bytes() {
+  const char* value = std::getenv("HF3FSCTL_STAGING_CHUNK_BYTES");
+  if (value == nullptr || *value == '\0') return kDefaultChunkBytes;
+  const long long parsed = std::atoll(value);
+  return parsed >= 256 ? static_cast<int64_t>(parsed) / 256 * 256 : kDefaultChunkBytes;
+}
+
+// Layers back to back inside a block are one contiguous page (block-outermost layouts).
+PageGeometry merge_contiguous_layers(PageGeometry g) {
+  if (g.num_layers > 1 && g.layer_stride == g.page_size) {
+    g.page_size *= g.num_layers;
+    g.num_layers = 1;
+    g.layer_stride = 0;
+  }
+  return g;
+}
+
+template <typename vec_t, typename Ids, bool kToTable>
+void launch(uint8_t* cache, uint8_t* table, const Ids& ids, const PageGeometry& g) {
   const int64_t vecs = g.page_size / static_cast<int64_t>(sizeof(vec_t));
-  const int64_t wanted = (vecs + kUnroll - 1) / kUnroll;
-  const int threads =
-      static_cast<int>(std::min<int64_t>(kMaxThreads, std::max<int64_t>(32, (wanted + 31) / 32 * 32)));
-  const int64_t pages = g.rows * g.num_layers;
-  TORCH_CHECK_VALUE(pages <= std::numeric_limits<int32_t>::max(), "too many pages in one batch");
+  const int64_t chunk_vecs =
+      std::max<int64_t>(1, std::min<int64_t>(vecs, chunk_bytes() / static_cast<int64_t>(sizeof(vec_t))));
+  const int64_t chunks = (vecs + chunk_vecs - 1) / chunk_vecs;
+  const int64_t wanted = (chunk_vecs + kUnroll - 1) / kUnroll;
+  const int threads = static_cast<int>(
+      std::min<int64_t>(kMaxThreads, std::max<int64_t>(32, (wanted + 31) / 32 * 32)));
+  const int64_t units = g.rows * g.num_layers * chunks;
+  TORCH_CHECK_VALUE(units <= std::numeric_limits<int32_t>::max(), "too many pages in one batch");
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  copy_pages_kernel<vec_t, index_t, kToTable>
-      <<<static_cast<unsigned int>(pages), threads, 0, stream>>>(cache, table, ids, g);
+  copy_pages_kernel<vec_t, Ids, kToTable><<<static_cast<unsigned int>(units), threads, 0, stream>>>(
+      cache, table, ids, g, chunks, chunk_vecs);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+template <typename Ids, bool kToTable>
+void launch_widest(uint8_t* cache, uint8_t* table, const Ids& ids, const PageGeometry& g) {
+  const uint64_t bits = reinterpret_cast<uint64_t>(cache) | reinterpret_cast<uint64_t>(table) |
+                        g.offset | g.layer_stride | g.block_stride | g.page_size | g.column |
+                        g.row_stride;
+  switch (vector_width(bits)) {
+    case 16: launch<uint4, Ids, kToTable>(cache, table, ids, g); break;
+    case 8: launch<uint2, Ids, kToTable>(cache, table, ids, g); break;
+    case 4: launch<uint32_t, Ids, kToTable>(cache, table, ids, g); break;
+    case 2: launch<uint16_t, Ids, kToTable>(cache, table, ids, g); break;
+    default: launch<uint8_t, Ids, kToTable>(cache, table, ids, g); break;
+  }
+}
+
+// One row: the block's pages as one 2-D copy on the copy engine. False when the runtime
+// refuses the pitch (a layer stride past its limit): the caller launches the kernel.
+template <bool kToTable>
+bool copy_one_row(uint8_t* cache, uint8_t* table, int64_t block, const PageGeometry& g) {
+  uint8_t* cache_page = cache + g.offset + block * g.block_stride;
+  uint8_t* table_page = table + g.column;
+  const size_t width = static_cast<size_t>(g.page_size);
+  const size_t cache_pitch = g.num_layers > 1 ? static_cast<size_t>(g.layer_stride) : width;
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  const cudaError_t err =
+      kToTable ? cudaMemcpy2DAsync(table_page, width, cache_page, cache_pitch, width,
+                                   static_cast<size_t>(g.num_layers), cudaMemcpyDefault, stream)
+               : cudaMemcpy2DAsync(cache_page, cache_pitch, table_page, width, width,
+                                   static_cast<size_t>(g.num_layers), cudaMemcpyDefault, stream);
+  if (err == cudaErrorInvalidPitchValue || err == cudaErrorInvalidValue) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  C10_CUDA_CHECK(err);
+  return true;
 }
 
 template <bool kToTable>
 void copy_pages(const at::Tensor& cache, const at::Tensor& table, const at::Tensor& block_ids,
-                const PageGeometry& g) {
+                const PageGeometry& checked) {
   TORCH_CHECK_VALUE(cache.is_cuda(), "the CUDA op needs the cache on a CUDA device");
-  TORCH_CHECK_VALUE(block_ids.device() == cache.device(),
+  TORCH_CHECK_VALUE(block_ids.is_cpu() || block_ids.device() == cache.device(),
                     message("block_ids are on ", block_ids.device(), ", the cache on ",
                             cache.device()));
-  if (g.rows == 0) {
+  if (checked.rows == 0) {
     return;
   }
+  const PageGeometry g = merge_contiguous_layers(checked);
   const c10::cuda::CUDAGuard guard(cache.device());
   uint8_t* cache_ptr = static_cast<uint8_t*>(cache.data_ptr());
   uint8_t* table_ptr = table_device_pointer(table, cache.device());
   const at::Tensor ids = block_ids.contiguous();
-  const uint64_t bits = reinterpret_cast<uint64_t>(cache_ptr) | reinterpret_cast<uint64_t>(table_ptr) |
-                        g.offset | g.layer_stride | g.block_stride | g.page_size | g.column |
-                        g.row_stride;
-  const int width = vector_width(bits);
-  AT_DISPATCH_INDEX_TYPES(ids.scalar_type(), "hf3fsctl_copy_pages_cuda", [&] {
-    const index_t* id_ptr = ids.data_ptr<index_t>();
-    switch (width) {
-      case 16: launch<uint4, index_t, kToTable>(cache_ptr, table_ptr, id_ptr, g); break;
-      case 8: launch<uint2, index_t, kToTable>(cache_ptr, table_ptr, id_ptr, g); break;
-      case 4: launch<uint32_t, index_t, kToTable>(cache_ptr, table_ptr, id_ptr, g); break;
-      case 2: launch<uint16_t, index_t, kToTable>(cache_ptr, table_ptr, id_ptr, g); break;
-      default: launch<uint8_t, index_t, kToTable>(cache_ptr, table_ptr, id_ptr, g); break;
+  if (ids.is_cpu()) {
+    AT_DISPATCH_INDEX_TYPES(ids.scalar_type(), "hf3fsctl_check_ids", [&] {
+      check_block_ids(ids.data_ptr<index_t>(), g.rows, g.num_blocks);
+    });
+    const at::Tensor ids64 = ids.to(at::kLong);
+    const int64_t* host = ids64.data_ptr<int64_t>();
+    if (g.rows == 1 && copy_one_row<kToTable>(cache_ptr, table_ptr, host[0], g)) {
+      return;
     }
+    if (g.rows <= kInlineIds) {
+      InlineIds inline_ids{};
+      for (int64_t r = 0; r < g.rows; ++r) inline_ids.id[r] = static_cast<int32_t>(host[r]);
+      launch_widest<InlineIds, kToTable>(cache_ptr, table_ptr, inline_ids, g);
+      return;
+    }
+    const at::Tensor on_device = ids64.to(cache.device(), /*non_blocking=*/true);
+    launch_widest<DeviceIds<int64_t>, kToTable>(
+        cache_ptr, table_ptr, DeviceIds<int64_t>{on_device.data_ptr<int64_t>()}, g);
+    return;
+  }
+  AT_DISPATCH_INDEX_TYPES(ids.scalar_type(), "hf3fsctl_copy_pages_cuda", [&] {
+    launch_widest<DeviceIds<index_t>, kToTable>(cache_ptr, table_ptr,
+                                                DeviceIds<index_t>{ids.data_ptr<index_t>()}, g);
   });
 }
 

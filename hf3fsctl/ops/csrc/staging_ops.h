@@ -86,4 +86,15 @@ inline PageGeometry check_pages(const at::Tensor& cache, const at::Tensor& table
                       page_size,  column,       block_ids.numel(), row_stride};
 }
 
+// Raises IndexError unless every one of the `rows` host-side block ids is in
+// [0, num_blocks).
+template <typename index_t>
+void check_block_ids(const index_t* ids, int64_t rows, int64_t num_blocks) {
+  for (int64_t r = 0; r < rows; ++r) {
+    TORCH_CHECK_INDEX(ids[r] >= 0 && ids[r] < num_blocks,
+                      message("block id ", static_cast<int64_t>(ids[r]), " out of range for ",
+                              num_blocks, " blocks"));
+  }
+}
+
 }  // namespace hf3fsctl
