@@ -72,7 +72,7 @@ from hf3fsctl.staging import (
     scatter_blocks,
     total_page_bytes,
 )
-from hf3fsctl.storage.engine import IOEngine, open_engine
+from hf3fsctl.storage.engine import IOEngine, engine_host_memory, open_engine
 from hf3fsctl.storage.layout import PageFile, rank_file_name, write_manifest
 from hf3fsctl.tier import LoadTarget, PagePieces, StagingRows, Tier
 
@@ -219,7 +219,10 @@ class WorkerSide:
             "-" if self.page_file is None else self._describe_file(self.page_file),
             _ops().name,
             self.pool.capacity_bytes >> 20,
-            " pinned" if self.pool.pinned else "",
+            (" pinned" if self.pool.pinned else "")
+            + (
+                f", in the {self.pool.host_memory.name} (one copy)" if self.pool.host_memory else ""
+            ),
             self.guard.url,
             "" if self.disabled is None else f" — DISABLED: {self.disabled}",
         )
@@ -253,6 +256,8 @@ class WorkerSide:
                     o_direct=storage.o_direct,
                     root=storage.path,
                 )
+                # USRBIO: staging buffers inside its iov, so a page is copied only once.
+                self.pool.use_host_memory(engine_host_memory(self.engine))
             if self.page_file is None:
                 if storage.preallocate:
                     self.page_file = PageFile.create(
@@ -269,10 +274,12 @@ class WorkerSide:
             write_manifest(root, self.manifest)
         except (StorageError, OSError) as exc:
             message = exc.message if isinstance(exc, StorageError) else str(exc)
+            fix = f"check that {root} is mounted, writable and has free space"
+            if isinstance(exc, StorageError) and message.startswith("storage.engine"):
+                fix = exc.hint  # an engine that cannot work here: say how to pick another
             self._disable(
                 f"storage unusable: {message}",
-                f"check that {root} is mounted, writable and has free space "
-                "(`hf3fsctl doctor`); the connector retries by itself",
+                f"{fix} (`hf3fsctl doctor`); the connector retries by itself",
             )
             return False
         return True

@@ -22,7 +22,9 @@ Contract:
       ones (a larger cached one rather than fresh memory), pins them when CUDA is
       available, and counts what it does. It never allocates past its capacity:
       `acquire` waits (with a timeout) or returns None. `prewarm` faults one buffer in
-      ahead of use.
+      ahead of use. Given an I/O engine's `SharedHostMemory` (USRBIO's iov), it allocates
+      there instead, registering the memory with CUDA when CUDA is available, so the
+      engine moves staging rows without a copy of its own.
 
 Imports only torch and the standard library (runs on GPU nodes without the service's
 dependencies).
@@ -38,9 +40,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
+
+if TYPE_CHECKING:
+    from hf3fsctl.storage.engine import SharedHostMemory
 
 logger = logging.getLogger(__name__)
 
@@ -478,17 +483,28 @@ class StagingPool:
     buffers of other sizes are dropped to make room before an acquire has to wait.
     """
 
-    def __init__(self, capacity_bytes: int, *, pin: bool | None = None) -> None:
+    def __init__(
+        self,
+        capacity_bytes: int,
+        *,
+        pin: bool | None = None,
+        host_memory: SharedHostMemory | None = None,
+    ) -> None:
         """Create an empty pool.
 
         Args:
             capacity_bytes: most bytes the pool ever holds.
             pin: pin buffers in page-locked memory; default: when CUDA is available.
+            host_memory: where to allocate buffers (an I/O engine's own memory, see
+                `use_host_memory`); default torch's host allocator.
         """
         if capacity_bytes <= 0:
             raise ValueError(f"staging capacity must be positive, got {capacity_bytes}")
         self.capacity_bytes = capacity_bytes
         self.pinned = torch.cuda.is_available() if pin is None else pin
+        self.host_memory = host_memory
+        self._shared: dict[int, SharedHostMemory] = {}  # data_ptr -> where it came from
+        self.shared_allocations = 0
         self._cond = threading.Condition()
         self._free: dict[int, list[torch.Tensor]] = {}
         self._held = 0  # bytes allocated (in use + cached free)
@@ -513,8 +529,29 @@ class StagingPool:
                 "peak_in_use_bytes": self.peak_in_use,
                 "acquires": self.acquires,
                 "allocations": self.allocations,
+                "shared_allocations": self.shared_allocations,
                 "exhausted": self.exhausted,
             }
+
+    def use_host_memory(self, memory: SharedHostMemory | None) -> None:
+        """Allocate from `memory` from now on (None: torch's host allocator again).
+
+        Cached buffers are dropped at once and leased ones when they come back, so every
+        later lease lies in `memory`.
+        """
+        with self._cond:
+            if memory is self.host_memory:
+                return
+            self.host_memory = memory
+            for blocks in self._free.values():
+                while blocks:
+                    self._drop_locked(blocks.pop())
+            self._cond.notify_all()
+
+    @property
+    def one_copy(self) -> bool:
+        """Buffers come from an I/O engine's own memory (it moves them without a copy)."""
+        return self.host_memory is not None
 
     def acquire(self, rows: int, row_bytes: int, timeout_s: float = 0.0) -> StagingBuffer | None:
         """Lease a `[rows, row_bytes]` buffer, waiting up to `timeout_s` for room.
@@ -561,7 +598,7 @@ class StagingPool:
             self._held += size  # reserved while it is being touched
             self.allocations += 1
         try:
-            block = torch.empty(size, dtype=torch.uint8, pin_memory=self.pinned)
+            block = self._new_block(size)
             block.fill_(0)  # fault every page in now
         except Exception:
             with self._cond:
@@ -585,15 +622,44 @@ class StagingPool:
             victim = next((k for k, v in self._free.items() if v), None)
             if victim is None:
                 return None
-            self._free[victim].pop()
-            self._held -= victim
+            self._drop_locked(self._free[victim].pop())
         self._held += size
         self.allocations += 1
-        return torch.empty(size, dtype=torch.uint8, pin_memory=self.pinned)
+        return self._new_block(size)
+
+    def _new_block(self, size: int) -> torch.Tensor:
+        """`size` bytes from `host_memory` (CUDA-registered) or torch's allocator."""
+        memory = self.host_memory
+        view = None if memory is None else memory.allocate(size)
+        if memory is None or view is None:
+            return torch.empty(size, dtype=torch.uint8, pin_memory=self.pinned)
+        block = torch.frombuffer(view, dtype=torch.uint8)
+        if self.pinned:
+            cudart = torch.cuda.cudart()  # type: ignore[no-untyped-call]
+            error = int(cudart.cudaHostRegister(block.data_ptr(), size, 0))
+            if error:  # still correct, only slower: the staging ops see pageable memory
+                logger.warning("cudaHostRegister of %d staging bytes failed: %d", size, error)
+        self._shared[block.data_ptr()] = memory
+        self.shared_allocations += 1
+        return block
+
+    def _drop_locked(self, block: torch.Tensor) -> None:
+        """Forget a cached buffer (its bytes leave `held`); free it where it came from."""
+        self._held -= int(block.numel())
+        address = block.data_ptr()
+        origin = self._shared.pop(address, None)
+        if origin is not None:
+            if self.pinned:
+                torch.cuda.cudart().cudaHostUnregister(address)  # type: ignore[no-untyped-call]
+            del block  # drop this view, so the memory can be unmapped once unused
+            origin.free(address)
 
     def _give_back(self, block: torch.Tensor) -> None:
         size = int(block.numel())
         with self._cond:
             self._in_use -= size
-            self._free.setdefault(size, []).append(block)
+            if self.host_memory is not None and block.data_ptr() not in self._shared:
+                self._drop_locked(block)  # plain memory: make room for iov-backed buffers
+            else:
+                self._free.setdefault(size, []).append(block)
             self._cond.notify_all()

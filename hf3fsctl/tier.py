@@ -55,7 +55,13 @@ from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from hf3fsctl.errors import Hf3fsctlError, InvalidRequest, MetadataUnavailable, StorageError
 from hf3fsctl.meta.models import Allocation, CommitItem, Location
-from hf3fsctl.storage.engine import ERROR_CHECKSUM, Buffer, IOEngine, PageResult
+from hf3fsctl.storage.engine import (
+    ERROR_CHECKSUM,
+    Buffer,
+    IOEngine,
+    PageResult,
+    engine_host_memory,
+)
 from hf3fsctl.storage.layout import PageFile
 
 if TYPE_CHECKING:
@@ -317,7 +323,9 @@ class Tier:
             engine: the I/O engine for it.
             client_call: runs one metadata call, `client_call(lambda c: c.commit(...))`,
                 with the caller's guard; raises the client's typed errors.
-            pool: staging memory handed out by `lease`.
+            pool: staging memory handed out by `lease`. When the engine has memory of
+                its own that it moves without a copy (USRBIO's iov), the pool allocates
+                there from now on (`StagingPool.use_host_memory`).
             release_call: runs `release` (best effort; default `client_call`). The
                 connector passes one that tries even while its guard has the service
                 marked down.
@@ -327,6 +335,10 @@ class Tier:
         self.page_file = page_file
         self.engine = engine
         self.pool = pool
+        if pool is not None:
+            memory = engine_host_memory(engine)
+            if memory is not None:
+                pool.use_host_memory(memory)
         self._call = client_call
         self._release_call = release_call or client_call
 

@@ -9,9 +9,15 @@ Contract:
       an expected checksum is given, verify it in the I/O thread before reporting ``ok``.
       Writes record the checksum of exactly what was written.
     * `open_engine("auto")` picks USRBIO only when the root is on a 3FS mount and the
-      USRBIO binding imports; otherwise POSIX. The choice and the reason are logged.
-      `open_engine("usrbio")` where USRBIO cannot work raises `StorageError`: there is no
-      silent fallback to a slower path (docs/design.md decision 10).
+      USRBIO binding (`hf3fs_fuse.io`) imports; otherwise POSIX. The choice, the reason
+      and whether staging is one copy from storage are logged. `open_engine("usrbio")`
+      where USRBIO cannot work raises `StorageError` naming `storage.engine` and the fix;
+      "auto" whose USRBIO engine fails to start logs a warning and opens POSIX. Nothing
+      falls back silently to a slower path (docs/design.md decision 10).
+    * An engine that moves pages without a copy only from memory of its own (USRBIO: its
+      shared iov) offers it as `host_memory` (`SharedHostMemory`); `engine_host_memory`
+      returns it or None. The staging pool then allocates its buffers there, so a page
+      is copied once between the KV cache and storage (the gather or the scatter).
 """
 
 from __future__ import annotations
@@ -37,7 +43,13 @@ logger = logging.getLogger(__name__)
 
 ENGINE_KINDS = ("auto", "posix", "usrbio")
 THREEFS_FSTYPES = frozenset({"fuse.hf3fs", "fuse.3fs", "hf3fs"})
-USRBIO_MODULES = ("hf3fs_fuse.io", "hf3fs_py_usrbio")
+# The binding the USRBIO engine is written against (3FS's hf3fs_fuse/io.py; the lower
+# hf3fs_py_usrbio module alone has another API and does not count).
+USRBIO_BINDING = "hf3fs_fuse.io"
+USRBIO_FIX = (
+    "set storage.engine to auto or posix, or run on a 3FS mount with 3FS's USRBIO "
+    "Python binding (hf3fs_fuse) installed"
+)
 
 # PageResult.error kinds.
 ERROR_IO = "io"
@@ -116,6 +128,30 @@ class IOEngine(Protocol):
         ...
 
 
+class SharedHostMemory(Protocol):
+    """Host memory an engine moves pages from and into without copying them.
+
+    USRBIO's is shared memory registered with the 3FS FUSE daemon (an iov per
+    allocation). The staging pool allocates its buffers here when the engine offers it.
+    """
+
+    name: str
+
+    def allocate(self, nbytes: int) -> memoryview | None:
+        """A writable region of exactly `nbytes`, or None when none can be made (logged)."""
+        ...
+
+    def free(self, address: int) -> None:
+        """Give back the region starting at `address` (from `allocate`)."""
+        ...
+
+
+def engine_host_memory(engine: IOEngine) -> SharedHostMemory | None:
+    """The memory `engine` does I/O on without a copy, or None (any memory serves it)."""
+    memory: SharedHostMemory | None = getattr(engine, "host_memory", None)
+    return memory
+
+
 def _unescape_mount_field(value: str) -> str:
     # /proc/mounts escapes space, tab, newline and backslash as \ooo octal.
     out, i = [], 0
@@ -161,32 +197,42 @@ def find_mount(path: str | os.PathLike[str], mounts_text: str | None = None) -> 
     return best, best_type
 
 
-def usrbio_import_error() -> str | None:
-    """None when a USRBIO Python binding imports, else why none does."""
-    errors = []
-    for module in USRBIO_MODULES:
-        try:
-            importlib.import_module(module)
-        except Exception as exc:
-            errors.append(f"{module}: {type(exc).__name__}: {exc}")
-        else:
-            return None
-    return "; ".join(errors)
+def usrbio_import_error(binding: str = USRBIO_BINDING) -> str | None:
+    """None when the USRBIO Python binding imports, else why it does not."""
+    try:
+        importlib.import_module(binding)
+    except Exception as exc:
+        return f"{binding}: {type(exc).__name__}: {exc}"
+    return None
 
 
-def describe_engine_choice(kind: str, root: str | os.PathLike[str] | None) -> dict[str, Any]:
+def describe_engine_choice(
+    kind: str,
+    root: str | os.PathLike[str] | None,
+    *,
+    binding: str = USRBIO_BINDING,
+    mounts_text: str | None = None,
+) -> dict[str, Any]:
     """Which engine `open_engine(kind, root=root)` would use, and why (for `doctor`).
+
+    Args:
+        kind: "auto", "posix" or "usrbio".
+        root: the storage root.
+        binding: the USRBIO binding module (tests pass a fake).
+        mounts_text: /proc/mounts' contents (read when None).
 
     Returns:
         A dict with `requested`, `root`, `mount_point`, `fstype`, `on_3fs`,
         `usrbio_importable`, `usrbio_error`, `engine` ("posix", "usrbio" or None when the
-        request cannot be met) and `reason`.
+        request cannot be met), `reason`, `one_copy` (staging buffers are the engine's
+        own I/O memory, so a page is copied once between GPU and storage) and `staging`
+        (that in words).
     """
     if kind not in ENGINE_KINDS:
         raise InvalidRequest(f"unknown I/O engine {kind!r}; expected one of {ENGINE_KINDS}")
-    mount_point, fstype = find_mount(root) if root is not None else ("", "unknown")
+    mount_point, fstype = find_mount(root, mounts_text) if root is not None else ("", "unknown")
     on_3fs = fstype in THREEFS_FSTYPES
-    error = usrbio_import_error() if kind != "posix" else None
+    error = usrbio_import_error(binding) if kind != "posix" else None
     importable = kind != "posix" and error is None
     info: dict[str, Any] = {
         "requested": kind,
@@ -213,7 +259,17 @@ def describe_engine_choice(kind: str, root: str | os.PathLike[str] | None) -> di
         engine, reason = "posix", f"{where} but no USRBIO binding imports ({error})"
     info["engine"] = engine
     info["reason"] = reason
+    info["one_copy"] = engine == "usrbio"
+    info["staging"] = _STAGING_WORDS.get(engine or "", "no engine can be opened")
     return info
+
+
+_STAGING_WORDS = {
+    "usrbio": "staging buffers are allocated inside the USRBIO iov: one copy each way "
+    "(KV cache to staging, then 3FS reads or writes the staging memory itself)",
+    "posix": "preadv/pwritev go straight between staging buffers and the file system "
+    "(the kernel's copy; no USRBIO iov)",
+}
 
 
 def open_engine(
@@ -222,6 +278,8 @@ def open_engine(
     io_threads: int = 16,
     o_direct: bool = False,
     root: str | os.PathLike[str] | None = None,
+    binding: str = USRBIO_BINDING,
+    mounts_text: str | None = None,
 ) -> IOEngine:
     """Open an I/O engine.
 
@@ -230,9 +288,12 @@ def open_engine(
         io_threads: parallel I/O threads (1..256).
         o_direct: use O_DIRECT where buffer address, length and offset are 4096-aligned.
         root: the storage root (decides "auto" and is required for "usrbio").
+        binding: the USRBIO binding module (tests pass a fake).
+        mounts_text: /proc/mounts' contents (read when None).
 
     Raises:
-        StorageError: "usrbio" was requested where it cannot work.
+        StorageError: "usrbio" was requested where it cannot work (the message names
+            `storage.engine`, the hint says how to fix it).
         InvalidRequest: an unknown kind or thread count.
     """
     if (
@@ -241,14 +302,33 @@ def open_engine(
         or not 1 <= io_threads <= 256
     ):
         raise InvalidRequest(f"io_threads must be in 1..256, got {io_threads!r}")
-    choice = describe_engine_choice(kind, root)
+    choice = describe_engine_choice(kind, root, binding=binding, mounts_text=mounts_text)
     if choice["engine"] is None:
-        raise StorageError(choice["reason"])
-    logger.info("I/O engine: %s (%s)", choice["engine"], choice["reason"])
+        raise StorageError(f"storage.engine: {choice['reason']}", hint=USRBIO_FIX)
     if choice["engine"] == "usrbio":
         from hf3fsctl.storage.usrbio import UsrbioEngine
 
-        return UsrbioEngine(root=Path(str(root)), io_threads=io_threads)
+        try:
+            engine: IOEngine = UsrbioEngine(
+                root=Path(str(root)), io_threads=io_threads, binding=binding
+            )
+        except StorageError as exc:
+            if kind == "usrbio":
+                raise StorageError(
+                    f"storage.engine: usrbio requested but it did not start: {exc.message}",
+                    hint=USRBIO_FIX,
+                ) from None
+            logger.warning(
+                "I/O engine: posix, not usrbio (%s, but USRBIO did not start: %s); %s",
+                choice["reason"],
+                exc.message,
+                _STAGING_WORDS["posix"],
+            )
+        else:
+            logger.info("I/O engine: usrbio (%s); %s", choice["reason"], choice["staging"])
+            return engine
+    else:
+        logger.info("I/O engine: posix (%s); %s", choice["reason"], choice["staging"])
     from hf3fsctl.storage.posix import PosixEngine
 
     return PosixEngine(io_threads=io_threads, o_direct=o_direct)

@@ -1,107 +1,353 @@
-"""The USRBIO engine against a MOCK of 3FS's `hf3fs_fuse.io` binding (no 3FS exists here).
+"""The USRBIO engine against `helpers.fake_hf3fs_fuse`, a FAKE of 3FS's `hf3fs_fuse.io`.
 
-The mock implements the binding's documented Python API with plain preadv/pwrite on the
-registered descriptors, so these tests check our use of that API (iov slots, ring
-prepare/submit/wait, fd registration, checksums), not 3FS itself.
+No 3FS mount can exist here, so the binding is the one fake: it keeps the documented
+semantics (iovs as shared memory linked under `3fs-virt/iovs/`, I/O only on registered
+fds, a ring of `entries` slots, partial waits, a timeout, results as byte counts or
+-errno) over real files and real shared memory. The first tests pin those semantics
+down; the rest check the engine against them: the one-copy path, per-page errors,
+back-pressure, the timeout, and how the engine is chosen.
 """
 
 from __future__ import annotations
 
+import errno
+import logging
 import os
-import sys
-import types
+import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from datetime import timedelta
+from multiprocessing.shared_memory import SharedMemory
 from pathlib import Path
-from typing import Any
 
+import numpy as np
 import pytest
+from helpers import fake_hf3fs_fuse as fake
+from helpers.meta_builders import PAGE_BYTES, keys, register_growable
 
+from hf3fsctl.errors import StorageError
+from hf3fsctl.meta.policy import StorePolicy
+from hf3fsctl.meta.store import MetadataStore
+from hf3fsctl.staging import StagingPool
+from hf3fsctl.storage.engine import describe_engine_choice, engine_host_memory, open_engine
 from hf3fsctl.storage.layout import PageFile
+from hf3fsctl.storage.posix import PosixEngine
 from hf3fsctl.storage.usrbio import UsrbioEngine
+from hf3fsctl.tier import LOADED, SAVED, PagePieces, StagingRows, Tier
 
+FAKE = "helpers.fake_hf3fs_fuse"
 NS = "0123456789abcdef"
-MOCK_NAME = "mock_hf3fs_usrbio"
-
-
-@dataclass
-class _MockCompletion:
-    result: int
-    userdata: Any
-
-
-class _MockRing:
-    def __init__(self, registered: set[int], for_read: bool) -> None:
-        self.registered, self.for_read, self.pending = registered, for_read, []
-
-    def prepare(self, iov: Any, for_read: bool, fd: int, offset: int, userdata: Any) -> None:
-        assert for_read == self.for_read, "a ring only takes I/O of its own direction"
-        assert fd in self.registered, "USRBIO needs register_fd before I/O"
-        self.pending.append((memoryview(iov), fd, offset, userdata))
-
-    def submit(self) -> _MockRing:
-        return self
-
-    def wait(self, min_results: int) -> list[_MockCompletion]:
-        done, self.pending = self.pending, []
-        assert len(done) >= min_results
-        out = []
-        for view, fd, offset, userdata in done:
-            moved = os.preadv(fd, [view], offset) if self.for_read else os.pwrite(fd, view, offset)
-            out.append(_MockCompletion(moved, userdata))
-        return out
+SLOT = 8192  # slot of a 5000-byte page
 
 
 @pytest.fixture
-def mock_binding(monkeypatch: pytest.MonkeyPatch) -> Iterator[types.SimpleNamespace]:
-    registered: set[int] = set()
-    module = types.ModuleType(MOCK_NAME)
-    module.make_iovec = lambda shm, mount, block_size, numa: memoryview(bytearray(shm.size))  # type: ignore[attr-defined]
-    module.make_ioring = lambda mount, entries, for_read, depth: _MockRing(registered, for_read)  # type: ignore[attr-defined]
-    module.register_fd = registered.add  # type: ignore[attr-defined]
-    module.deregister_fd = registered.discard  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, MOCK_NAME, module)
-    yield types.SimpleNamespace(registered=registered)
+def mount(tmp_path: Path) -> Iterator[fake.FakeMount]:
+    fake_mount = fake.mount(tmp_path / "3fs")
+    yield fake_mount
+    fake.unmount(fake_mount)
+
+
+def open_usrbio(mount: fake.FakeMount, **kwargs: object) -> UsrbioEngine:
+    options: dict[str, object] = {"bounce_bytes": 4 * SLOT, "timeout_s": 10.0}
+    options.update(kwargs)
+    return UsrbioEngine(root=Path(mount.root), binding=FAKE, **options)  # type: ignore[arg-type]
 
 
 @pytest.fixture
-def usrbio(tmp_path: Path, mock_binding: types.SimpleNamespace) -> Iterator[UsrbioEngine]:
-    engine = UsrbioEngine(root=tmp_path, iov_bytes=4 * 8192, binding=MOCK_NAME)
+def usrbio(mount: fake.FakeMount) -> Iterator[UsrbioEngine]:
+    engine = open_usrbio(mount)
     yield engine
     engine.close()
 
 
-def test_usrbio_round_trip_through_rounds_of_the_iov(tmp_path: Path, usrbio: UsrbioEngine) -> None:
-    pages = [0, 5, 6, 7, 9, 11]  # more pages than the 4-slot iov holds
-    data = [os.urandom(5000) for _ in pages]
-    with PageFile.create(tmp_path, NS, 0, 5000, 16 * 8192) as file:
-        written = usrbio.write_pages(file, pages, data)
-        out = [bytearray(5000) for _ in pages]
-        read = usrbio.read_pages(file, pages, out, expected=[w.checksum for w in written])
+@pytest.fixture
+def file(mount: fake.FakeMount) -> Iterator[PageFile]:
+    with PageFile.create(Path(mount.root), NS, 0, 5000, 16 * SLOT) as page_file:
+        yield page_file
+
+
+def pages_of(n: int) -> list[bytes]:
+    return [os.urandom(5000) for _ in range(n)]
+
+
+# --- the fake keeps the binding's semantics ------------------------------------------
+
+
+def test_fake_refuses_io_on_an_unregistered_fd(mount: fake.FakeMount, file: PageFile) -> None:
+    shm = SharedMemory(size=SLOT, create=True)
+    iov = fake.make_iovec(shm, mount.root)
+    shm.unlink()  # allowed right after make_iovec: the daemon mapped it
+    ring = fake.make_ioring(mount.root, 4, True)
+    with pytest.raises(OSError) as refused:
+        ring.prepare(iov[:4096], True, file.fd, 0)
+    assert refused.value.errno == errno.EBADF
+    del iov
+    shm.close()
+
+
+def test_fake_ring_refuses_prepare_beyond_its_entries_until_reaped(
+    mount: fake.FakeMount, file: PageFile
+) -> None:
+    shm = SharedMemory(size=4 * SLOT, create=True)
+    iov = fake.make_iovec(shm, mount.root)
+    ring = fake.make_ioring(mount.root, 2, False)
+    fake.register_fd(file.fd)
+    try:
+        ring.prepare(iov[:SLOT], False, file.fd, 0)
+        ring.prepare(iov[SLOT : 2 * SLOT], False, file.fd, SLOT)
+        with pytest.raises(OSError) as full:
+            ring.prepare(iov[2 * SLOT : 3 * SLOT], False, file.fd, 2 * SLOT)
+        assert full.value.errno == errno.EAGAIN
+        done = ring.submit().wait(min_results=2, timeout=timedelta(seconds=10))
+        assert sorted(c.result for c in done) == [SLOT, SLOT]
+        ring.prepare(iov[2 * SLOT : 3 * SLOT], False, file.fd, 2 * SLOT)  # slots came back
+    finally:
+        fake.deregister_fd(file.fd)
+        del iov
+        shm.close()
+        shm.unlink()
+
+
+def test_fake_reads_past_eof_short_and_a_wait_can_time_out_empty(
+    mount: fake.FakeMount, tmp_path: Path
+) -> None:
+    path = Path(mount.root) / "small"
+    path.write_bytes(b"x" * 1000)
+    fd = os.open(path, os.O_RDONLY)
+    shm = SharedMemory(size=SLOT, create=True)
+    iov = fake.make_iovec(shm, mount.root)
+    fake.register_fd(fd)
+    try:
+        ring = fake.make_ioring(mount.root, 4, True)
+        ring.prepare(iov[:4096], True, fd, 0, userdata="a")
+        (done,) = ring.submit().wait(min_results=1, timeout=timedelta(seconds=10))
+        assert (done.result, done.userdata, bytes(shm.buf[:1000])) == (1000, "a", b"x" * 1000)
+        # A positive io_depth issues only full batches: one I/O never runs.
+        batching = fake.make_ioring(mount.root, 4, True, 4)
+        batching.prepare(iov[:4096], True, fd, 0)
+        assert batching.submit().wait(min_results=1, timeout=timedelta(seconds=0.2)) == []
+    finally:
+        fake.deregister_fd(fd)
+        os.close(fd)
+        del iov
+        shm.close()
+        shm.unlink()
+
+
+# --- the engine: data paths ----------------------------------------------------------
+
+
+def test_round_trip_through_rounds_of_the_bounce_iov(usrbio: UsrbioEngine, file: PageFile) -> None:
+    pages = [0, 5, 6, 7, 9, 11]  # more pages than the 4-slot bounce iov holds
+    data = pages_of(len(pages))
+    written = usrbio.write_pages(file, pages, data)
+    out = [bytearray(5000) for _ in pages]
+    read = usrbio.read_pages(file, pages, out, expected=[w.checksum for w in written])
+    assert all(r.ok for r in written + read)
+    assert [bytes(b) for b in out] == data
+    assert usrbio.counters()["copied_pages"] == 2 * len(pages)
+
+
+def test_iov_backed_staging_rows_move_without_a_copy(usrbio: UsrbioEngine, file: PageFile) -> None:
+    pool = StagingPool(1 << 20, pin=False, host_memory=engine_host_memory(usrbio))
+    data = np.frombuffer(b"".join(pages_of(6)), dtype=np.uint8).reshape(6, 5000)
+    with pool.acquire(6, 5000) as src, pool.acquire(6, 5000) as dst:
+        assert src is not None and dst is not None
+        src.tensor.numpy()[:] = data
+        written = usrbio.write_pages(file, list(range(6)), src.rows())
+        read = usrbio.read_pages(
+            file, list(range(6)), dst.rows(), expected=[w.checksum for w in written]
+        )
+        assert all(r.ok for r in written + read)
+        assert np.array_equal(dst.tensor.numpy(), data)
+    counts = usrbio.counters()
+    assert (counts["direct_pages"], counts["copied_pages"]) == (12, 0)
+    assert pool.counters()["shared_allocations"] == 2
+
+
+def test_tier_save_then_load_is_byte_exact_with_one_copy(
+    tmp_path: Path, mount: fake.FakeMount, usrbio: UsrbioEngine
+) -> None:
+    root = Path(mount.root)
+    store = MetadataStore(
+        tmp_path / "meta.db", policy=StorePolicy(storage_root=str(root), capacity="100%")
+    )
+    store.set_capacity(64 * PAGE_BYTES)
+    ns, files = register_growable(store, root)
+    pool = StagingPool(1 << 20, pin=False)
+    try:
+        tier = Tier(ns, 0, files[0], usrbio, lambda fn: fn(store), pool)
+        assert pool.one_copy  # the tier put the pool in the engine's iov
+        chain = keys(5)
+        data = np.frombuffer(os.urandom(5 * PAGE_BYTES), dtype=np.uint8).reshape(5, -1)
+        with tier.lease(5) as out_rows:
+            assert out_rows is not None
+            out_rows.tensor.numpy()[:] = data
+            assert tier.save(chain, out_rows.rows()).kinds == [SAVED] * 5
+        with tier.lease(5) as in_rows:
+            assert in_rows is not None
+            assert tier.load(chain, StagingRows(in_rows.rows())).kinds == [LOADED] * 5
+            assert np.array_equal(in_rows.tensor.numpy(), data)
+        assert usrbio.counters()["copied_pages"] == 0
+        # Pieces of a host KV cache are not iov memory: one counted copy each.
+        pieces = np.zeros((5, 2, PAGE_BYTES // 2), dtype=np.uint8)
+        target = PagePieces([[p[0], p[1]] for p in pieces])
+        assert tier.load(chain, target).kinds == [LOADED] * 5
+        assert np.array_equal(pieces.reshape(5, -1), data)
+        assert usrbio.counters()["copied_pages"] == 5
+    finally:
+        files[0].close()
+        store.close()
+
+
+def test_partial_waits_are_waited_out(
+    mount: fake.FakeMount, usrbio: UsrbioEngine, file: PageFile
+) -> None:
+    mount.max_results_per_wait = 1  # completions trickle in one per wait
+    data = pages_of(8)
+    written = usrbio.write_pages(file, list(range(8)), data)
+    out = [bytearray(5000) for _ in data]
+    read = usrbio.read_pages(file, list(range(8)), out)
     assert all(r.ok for r in written + read)
     assert [bytes(b) for b in out] == data
 
 
-def test_usrbio_detects_bytes_changed_on_disk(tmp_path: Path, usrbio: UsrbioEngine) -> None:
-    with PageFile.create(tmp_path, NS, 0, 4096, 8 * 4096) as file:
-        (written,) = usrbio.write_pages(file, [3], [os.urandom(4096)])
-        os.pwrite(file.fd, b"\x00\x01", file.offset(3) + 7)
-        (read,) = usrbio.read_pages(file, [3], [bytearray(4096)], expected=[written.checksum])
-    assert (read.ok, read.error) == (False, "checksum")
-
-
-def test_usrbio_reports_out_of_range_pages_as_bounds(tmp_path: Path, usrbio: UsrbioEngine) -> None:
-    with PageFile.create(tmp_path, NS, 0, 4096, 8 * 4096) as file:
-        results = usrbio.read_pages(file, [1, 8], [bytearray(4096), bytearray(4096)])
-    assert [r.error for r in results] == [None, "bounds"]
-
-
-def test_usrbio_deregisters_descriptors_on_close(
-    tmp_path: Path, mock_binding: types.SimpleNamespace
+def test_an_errno_fails_only_its_page(
+    mount: fake.FakeMount, usrbio: UsrbioEngine, file: PageFile
 ) -> None:
-    engine = UsrbioEngine(root=tmp_path, iov_bytes=8192, binding=MOCK_NAME)
-    with PageFile.create(tmp_path, NS, 0, 4096, 8 * 4096) as file:
-        engine.write_pages(file, [0], [bytes(4096)])
-        assert mock_binding.registered == {file.fd}
+    data = pages_of(4)
+    written = usrbio.write_pages(file, [0, 1, 2, 3], data)
+    mount.fail(file.path, file.offset(2), errno.EIO)
+    out = [bytearray(5000) for _ in data]
+    read = usrbio.read_pages(file, [0, 1, 2, 3], out, expected=[w.checksum for w in written])
+    assert [r.ok for r in read] == [True, True, False, True]
+    assert read[2].error == "io" and "Input/output error" in (read[2].detail or "")
+    assert bytes(out[3]) == data[3]
+
+
+def test_ring_full_is_back_pressure_not_an_error(mount: fake.FakeMount, file: PageFile) -> None:
+    engine = open_usrbio(mount, ring_entries=2, bounce_bytes=16 * SLOT)
+    try:
+        data = pages_of(7)
+        written = engine.write_pages(file, list(range(7)), data)
+        out = [bytearray(5000) for _ in data]
+        read = engine.read_pages(file, list(range(7)), out)
+        assert all(r.ok for r in written + read)
+        assert [bytes(b) for b in out] == data
+        assert engine.counters()["ring_full"] > 0
+        assert mount.peak_in_flight == 2
+    finally:
         engine.close()
-    assert mock_binding.registered == set()
+
+
+def test_a_file_off_the_mount_is_a_per_page_error(tmp_path: Path, usrbio: UsrbioEngine) -> None:
+    with PageFile.create(tmp_path, NS, 1, 5000, 4 * SLOT) as elsewhere:
+        results = usrbio.write_pages(elsewhere, [0, 1], pages_of(2))
+    assert [(r.ok, r.error) for r in results] == [(False, "io"), (False, "io")]
+    assert "register_fd" in (results[0].detail or "")
+
+
+def test_a_hung_daemon_is_a_timeout_then_a_fresh_ring(
+    mount: fake.FakeMount, file: PageFile
+) -> None:
+    engine = open_usrbio(mount, timeout_s=0.5)
+    try:
+        data = pages_of(3)
+        assert all(r.ok for r in engine.write_pages(file, [0, 1, 2], data))
+        mount.stall()
+        started = time.monotonic()
+        stuck = engine.read_pages(file, [0, 1, 2], [bytearray(5000) for _ in data])
+        assert time.monotonic() - started < 10.0  # bounded by the 0.5 s timeout
+        assert all(r.error == "io" and "timed out" in (r.detail or "") for r in stuck)
+        mount.resume()
+        out = [bytearray(5000) for _ in data]
+        assert all(r.ok for r in engine.read_pages(file, [0, 1, 2], out))
+        assert [bytes(b) for b in out] == data
+        assert engine.counters()["timeouts"] == 1
+    finally:
+        mount.resume()
+        engine.close()
+
+
+def test_a_reused_fd_number_is_registered_for_its_new_file(
+    mount: fake.FakeMount, usrbio: UsrbioEngine
+) -> None:
+    root = Path(mount.root)
+    with PageFile.create(root, NS, 0, 5000, 4 * SLOT) as first:
+        assert usrbio.write_pages(first, [0], pages_of(1))[0].ok
+        number = first.fd
+    data = pages_of(1)
+    with PageFile.create(root, NS, 1, 5000, 4 * SLOT) as second:
+        if second.fd != number:
+            os.dup2(second.fd, number)  # make the numbers collide, as a reopen can
+            os.close(second.fd)
+            second.fd = number  # type: ignore[misc]
+        assert usrbio.write_pages(second, [0], data)[0].ok
+        assert os.pread(number, 5000, 0) == data[0]
+
+
+def test_close_deregisters_descriptors(mount: fake.FakeMount, file: PageFile) -> None:
+    engine = open_usrbio(mount)
+    assert engine.write_pages(file, [0], pages_of(1))[0].ok
+    assert file.fd in fake._REGISTERED
+    engine.close()
+    assert file.fd not in fake._REGISTERED
+
+
+# --- choosing the engine -------------------------------------------------------------
+
+
+def mounts_claiming_3fs(mount: fake.FakeMount) -> str:
+    return f"/dev/root / ext4 rw 0 0\nhf3fs {mount.root} fuse.hf3fs rw 0 0\n"
+
+
+def test_auto_picks_usrbio_on_a_3fs_mount_and_says_one_copy(
+    mount: fake.FakeMount, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="hf3fsctl.storage.engine")
+    engine = open_engine(
+        "auto", root=mount.root, binding=FAKE, mounts_text=mounts_claiming_3fs(mount)
+    )
+    try:
+        assert isinstance(engine, UsrbioEngine)
+        assert engine_host_memory(engine) is not None
+        assert "I/O engine: usrbio" in caplog.text and "one copy" in caplog.text
+    finally:
+        engine.close()
+
+
+def test_auto_on_3fs_without_the_binding_is_posix_and_says_why(mount: fake.FakeMount) -> None:
+    choice = describe_engine_choice(
+        "auto", mount.root, binding="no_such_binding", mounts_text=mounts_claiming_3fs(mount)
+    )
+    assert (choice["engine"], choice["on_3fs"], choice["one_copy"]) == ("posix", True, False)
+    assert "no USRBIO binding" in choice["reason"]
+
+
+def test_usrbio_requested_without_a_binding_fails_fast_with_the_key_and_fix(
+    mount: fake.FakeMount,
+) -> None:
+    with pytest.raises(StorageError) as failed:
+        open_engine(
+            "usrbio",
+            root=mount.root,
+            binding="no_such_binding",
+            mounts_text=mounts_claiming_3fs(mount),
+        )
+    assert failed.value.message.startswith("storage.engine: usrbio requested but unavailable")
+    assert "storage.engine" in failed.value.hint
+
+
+def test_usrbio_that_does_not_start_fails_when_asked_for_and_warns_under_auto(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    root = tmp_path / "not-a-fake-mount"  # /proc/mounts says 3FS, the binding finds none
+    root.mkdir()
+    claim = f"hf3fs {root} fuse.hf3fs rw 0 0\n"
+    with pytest.raises(StorageError, match=r"^storage\.engine: usrbio requested but it did not"):
+        open_engine("usrbio", root=root, binding=FAKE, mounts_text=claim)
+    engine = open_engine("auto", root=root, binding=FAKE, mounts_text=claim)
+    try:
+        assert isinstance(engine, PosixEngine)
+        assert "USRBIO did not start" in caplog.text
+    finally:
+        engine.close()
