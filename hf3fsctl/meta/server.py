@@ -117,8 +117,8 @@ from hf3fsctl.meta.models import (
 )
 
 if TYPE_CHECKING:
+    from hf3fsctl.meta.client import Store
     from hf3fsctl.meta.policy import StorePolicy
-    from hf3fsctl.meta.store import MetadataStore
 
 logger = logging.getLogger(__name__)
 
@@ -319,7 +319,7 @@ class _BodyTooLarge(Exception):
 
 
 def create_app(
-    store: MetadataStore,
+    store: Store,
     *,
     token: str | None = None,
     max_body_bytes: int = 16 * 1024**2,
@@ -619,14 +619,17 @@ def error_response(exc: Exception) -> Response:
 
 
 def store_path(store_path_or_url: str) -> str:
-    """The database path of `sqlite:///PATH` or a plain path."""
+    """The database path of `sqlite:///PATH` or a plain path; a Redis URL as it is."""
+    if store_path_or_url.startswith(("redis://", "rediss://", "redis+sentinel://")):
+        return store_path_or_url
     if store_path_or_url.startswith("sqlite:///"):
         from hf3fsctl.meta.store import sqlite_path
 
         return sqlite_path(store_path_or_url)
     if "://" in store_path_or_url:
         raise InvalidRequest(
-            f"serve needs a sqlite:///PATH or a file path, not {store_path_or_url!r}"
+            f"serve needs a sqlite:///PATH, a file path or a redis:// URL, not "
+            f"{store_path_or_url!r}"
         )
     return str(Path(store_path_or_url).expanduser())
 
@@ -648,8 +651,13 @@ def run_server(
     log_level: str = "info",
     workers: int = 1,
     policy: StorePolicy | None = None,
+    store_options: dict[str, Any] | None = None,
 ) -> None:
     """Serve the store at `store_path_or_url` on `host:port` until interrupted.
+
+    `store_path_or_url` is a SQLite path (or `sqlite:///PATH`) or a Redis URL; for Redis,
+    `store_options` holds `timeout_s`, `token` (its password) and `ca_file`
+    (`meta.client.open_store`).
 
     Runs uvicorn (its own signal handlers stop it cleanly on SIGINT / SIGTERM); access
     logs are off (they cost more than a lookup), errors are logged. With `workers > 1`
@@ -669,10 +677,11 @@ def run_server(
         "high_watermark": high_watermark,
         "low_watermark": low_watermark,
         "policy": dataclasses.asdict(policy) if policy is not None else None,
+        "store_options": store_options or {},
     }
     logger.info(
         "serving metadata store %s on http://%s:%d (%d worker%s)",
-        settings["db"],
+        _shown(str(settings["db"])),
         host,
         port,
         workers,
@@ -697,6 +706,15 @@ def run_server(
         logger.info("metadata server stopped after %.0fs", time.monotonic() - started)
 
 
+def _shown(db: str) -> str:
+    """A store's path or URL, fit to log (a Redis password shows as ***)."""
+    if "://" in db:
+        from hf3fsctl.config import MetadataUrl
+
+        return MetadataUrl.parse(db).url
+    return db
+
+
 def app_from_environment() -> FastAPI:
     """The app of one worker process of `run_server(workers > 1)` (a uvicorn factory)."""
     return _app_from_settings(json.loads(os.environ[_SETTINGS_ENV]))
@@ -704,17 +722,18 @@ def app_from_environment() -> FastAPI:
 
 def _app_from_settings(settings: dict[str, Any]) -> FastAPI:
     """A store and its app; the store is closed (counters flushed) at shutdown."""
+    from hf3fsctl.meta.client import open_store
     from hf3fsctl.meta.policy import StorePolicy
-    from hf3fsctl.meta.store import MetadataStore
 
     policy = settings.get("policy")
-    store = MetadataStore(
+    store = open_store(
         settings["db"],
         lease_s=settings["lease_s"],
         high_watermark=settings["high_watermark"],
         low_watermark=settings["low_watermark"],
         background_checkpoint=True,
         policy=StorePolicy(**policy) if policy else None,
+        **settings.get("store_options", {}),
     )
     app = create_app(
         store,
