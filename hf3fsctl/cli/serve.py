@@ -1,8 +1,10 @@
-"""`hf3fsctl serve`: run the shared metadata service (FastAPI + uvicorn) over SQLite.
+"""`hf3fsctl serve`: run the shared metadata service (FastAPI + uvicorn) over SQLite or Redis.
 
-The service always keeps its data in SQLite: the file of `metadata.url` when that is a
-`sqlite:///` URL, else `<storage.path>/metadata.db` (a config whose `metadata.url`
-points at this very server is the normal client-side config, so it can be shared).
+The service keeps its data in Redis when `metadata.url` is a `redis://`, `rediss://` or
+`redis+sentinel://` URL (stateless: several replicas can front one Redis); else in
+SQLite: the file of `metadata.url` when that is a `sqlite:///` URL, else
+`<storage.path>/metadata.db` (a config whose `metadata.url` points at this very server is
+the normal client-side config, so it can be shared).
 Flags default to the config's `server.*` keys.
 
 Secure by default (docs/design.md decision 11): it binds loopback unless told otherwise, and it
@@ -104,17 +106,29 @@ def serve(
             f"serving on {server.host} WITHOUT authentication (--insecure): anyone who can "
             "reach this port can read, evict and overwrite cache metadata"
         )
-    # An http(s) metadata.url names this service; its database lives under storage.path.
-    db = context.sqlite_path(cfg.metadata_target) or Path(cfg.storage.path) / "metadata.db"
-    db.parent.mkdir(parents=True, exist_ok=True)
-    output.info(
-        f"metadata service on http://{server.host}:{server.port} "
-        f"(db {db}, auth {'on' if token else 'off'})"
-    )
+    from hf3fsctl.meta.client import metadata_token
     from hf3fsctl.meta.policy import StorePolicy
     from hf3fsctl.meta.server import run_server
 
     md = cfg.metadata
+    target = cfg.metadata_target
+    store_options = None
+    if target.redis:  # a front for a shared Redis: replicas keep nothing in-process
+        store, shown = cfg.metadata_url, target.url
+        store_options = {
+            "timeout_s": md.timeout_s,
+            "token": metadata_token(cfg),
+            "ca_file": md.ca_file,
+        }
+    else:
+        # An http(s) metadata.url names this service; its database lives under storage.path.
+        db = context.sqlite_path(target) or Path(cfg.storage.path) / "metadata.db"
+        db.parent.mkdir(parents=True, exist_ok=True)
+        store, shown = str(db), f"db {db}"
+    output.info(
+        f"metadata service on http://{server.host}:{server.port} "
+        f"({shown}, auth {'on' if token else 'off'})"
+    )
     policy = StorePolicy.from_config(cfg)
     if not policy.root_available():
         output.warning(
@@ -123,7 +137,7 @@ def serve(
             "takes the allocating model's own entries (run serve on a node with the mount)"
         )
     run_server(
-        str(db),
+        store,
         server.host,
         server.port,
         token=token,
@@ -135,4 +149,5 @@ def serve(
         log_level=log_level,
         workers=server.workers,
         policy=policy,
+        store_options=store_options,
     )

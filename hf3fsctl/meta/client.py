@@ -64,6 +64,11 @@ from hf3fsctl.meta.models import (
 if TYPE_CHECKING:
     from hf3fsctl.config import Config, MetadataUrl
     from hf3fsctl.meta.policy import StorePolicy
+    from hf3fsctl.meta.redis import RedisMetadataStore
+    from hf3fsctl.meta.store import MetadataStore
+
+    Store = MetadataStore | RedisMetadataStore
+    """A store `hf3fsctl serve` can front (`create_app(store)`)."""
 
 
 @runtime_checkable
@@ -222,18 +227,83 @@ def open_metadata_client(
     return HttpMetadataClient(target.base, timeout_s=timeout_s, token=token, ca_file=ca_file)
 
 
-def connect(config: Config) -> MetadataClient:
-    """Open the metadata client a configuration points at (reads the token file)."""
-    token = None
-    if config.metadata.token_file:
+def metadata_token(config: Config) -> str | None:
+    """The secret in `metadata.token_file`: the bearer token of an `http(s)://` service, or
+    the password of a Redis URL that has none; None when unset.
+
+    Raises:
+        ConfigError: the file cannot be read.
+    """
+    if not config.metadata.token_file:
+        return None
+    from hf3fsctl.errors import ConfigError
+
+    try:
+        return Path(config.metadata.token_file).read_text().strip()
+    except OSError as exc:
+        raise ConfigError(
+            f"metadata.token_file: cannot read {config.metadata.token_file!r}: {exc.strerror}"
+        ) from None
+
+
+def open_store(
+    url: str | MetadataUrl,
+    *,
+    timeout_s: float = 2.0,
+    token: str | None = None,
+    ca_file: str | None = None,
+    lease_s: float = 30.0,
+    high_watermark: float = 0.95,
+    low_watermark: float = 0.85,
+    policy: StorePolicy | None = None,
+    background_checkpoint: bool = False,
+) -> Store:
+    """The store a metadata URL names, for `hf3fsctl serve` to front: the SQLite
+    `MetadataStore` of `sqlite:///PATH` (or a plain path), or the `RedisMetadataStore` of
+    a `redis://`, `rediss://` or `redis+sentinel://` URL (`token`, `ca_file`, `timeout_s`
+    reach Redis; a Redis-backed server keeps nothing in its process, so replicas can share
+    one Redis).
+
+    Raises:
+        ConfigError: an `http(s)://` URL (a server cannot front another server).
+    """
+    from hf3fsctl.config import MetadataUrl
+
+    if isinstance(url, str) and "://" not in url:
+        url = f"sqlite:///{Path(url).expanduser().absolute()}"
+    target = url if isinstance(url, MetadataUrl) else MetadataUrl.parse(url)
+    if target.redis:
+        from hf3fsctl.meta.redis import RedisMetadataStore
+
+        return RedisMetadataStore(
+            target,
+            timeout_s=timeout_s,
+            token=token,
+            ca_file=ca_file,
+            lease_s=lease_s,
+            high_watermark=high_watermark,
+            low_watermark=low_watermark,
+            policy=policy,
+        )
+    if target.scheme != "sqlite" or target.path is None:
         from hf3fsctl.errors import ConfigError
 
-        try:
-            token = Path(config.metadata.token_file).read_text().strip()
-        except OSError as exc:
-            raise ConfigError(
-                f"metadata.token_file: cannot read {config.metadata.token_file!r}: {exc.strerror}"
-            ) from None
+        raise ConfigError(f"a server's store is sqlite:///PATH or redis://…, not {target.url!r}")
+    from hf3fsctl.meta.store import MetadataStore
+
+    return MetadataStore(
+        target.path,
+        lease_s=lease_s,
+        high_watermark=high_watermark,
+        low_watermark=low_watermark,
+        background_checkpoint=background_checkpoint,
+        policy=policy,
+    )
+
+
+def connect(config: Config) -> MetadataClient:
+    """Open the metadata client a configuration points at (reads the token file)."""
+    token = metadata_token(config)
     from hf3fsctl.meta.policy import StorePolicy
 
     md = config.metadata

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric
 
-    from hf3fsctl.meta.store import MetadataStore
+    from hf3fsctl.meta.client import Store
 
 logger = logging.getLogger(__name__)
 
@@ -33,7 +33,7 @@ _BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0
 class _StoreCollector:
     """Reads the store's stats on every scrape."""
 
-    def __init__(self, store: MetadataStore) -> None:
+    def __init__(self, store: Store) -> None:
         self.store = store
 
     def collect(self) -> Iterator[Metric]:
@@ -130,7 +130,7 @@ class _StoreCollector:
 class ServerMetrics:
     """The registry of one app: request metrics plus the store collector."""
 
-    def __init__(self, store: MetadataStore) -> None:
+    def __init__(self, store: Store) -> None:
         from prometheus_client import CollectorRegistry, Counter, Histogram
 
         self.registry = CollectorRegistry()
