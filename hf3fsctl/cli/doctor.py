@@ -4,7 +4,8 @@ Checks, in order (a check that cannot run because an earlier one failed is `skip
 
 1. config: it loads, and from where.
 2. storage: the root exists and is writable, free space, the mount and its file-system
-   type (`/proc/mounts`), the I/O engine that would be used and why.
+   type (`/proc/mounts`), the I/O engine that would be used and why, and whether staging
+   is one copy from storage (USRBIO: staging buffers inside its iov).
 3. metadata: the service answers (`health()`), an authenticated call is accepted,
    and (embedded SQLite) the store's invariants hold.
 4. capacity: the store's recorded capacity, what its page files hold, and whether the
@@ -99,6 +100,11 @@ def check_storage(report: Report, cfg: Config) -> bool:
         report.add("storage.engine", "ok", f"{choice['engine']}: {choice['reason']}")
     return True
 
+    if choice["engine"] is None:
+        report.add("storage.one_copy", "skip", "no I/O engine can be opened")
+    else:
+        state = "on" if choice["one_copy"] else "off"
+        report.add("storage.one_copy", "ok", f"{state}: {choice['staging']}")
 
 def check_metadata(report: Report, client: MetadataClient) -> bool:
     """The service answers, and accepts an authenticated call. True if both."""

@@ -351,3 +351,22 @@ def test_usrbio_that_does_not_start_fails_when_asked_for_and_warns_under_auto(
         assert "USRBIO did not start" in caplog.text
     finally:
         engine.close()
+
+
+@pytest.mark.parametrize(
+    ("engine", "expected"),
+    [("posix", ("ok", "off: preadv/pwritev")), ("usrbio", ("skip", "no I/O engine"))],
+    ids=["posix-is-not-one-copy", "usrbio-that-cannot-open-is-skipped"],
+)
+def test_doctor_says_whether_staging_is_one_copy(
+    tmp_path: Path, engine: str, expected: tuple[str, str]
+) -> None:
+    from hf3fsctl.cli.checks import Report
+    from hf3fsctl.cli.doctor import check_storage
+    from hf3fsctl.config import load_config
+
+    config = load_config(overrides={"storage.path": str(tmp_path), "storage.engine": engine})
+    report = Report()
+    check_storage(report, config)
+    (line,) = [c for c in report.checks if c.name == "storage.one_copy"]
+    assert (line.status, line.detail[: len(expected[1])]) == expected
