@@ -29,6 +29,10 @@ def store(backend: Backend) -> MetadataClient:
     return backend.open(lease_s=30)
 
 
+def test_connect_gives_a_client_of_the_protocol(store: MetadataClient) -> None:
+    assert isinstance(store, MetadataClient)
+
+
 def test_register_namespace_is_idempotent(store: MetadataClient) -> None:
     data = manifest()
     ns = namespace_id(data)

@@ -1,4 +1,6 @@
-"""Client selection by URL, the embedded client, and HTTP client failure modes (no server)."""
+"""Client selection by URL, the embedded client, and HTTP client failure modes (no server).
+
+What every client does with the store (the contract) is in `tests/contract/`."""
 
 from __future__ import annotations
 
@@ -17,7 +19,6 @@ from hf3fsctl.errors import ConfigError, MetadataUnavailable
 from hf3fsctl.meta.client import MetadataClient, connect, open_metadata_client
 from hf3fsctl.meta.embedded import EmbeddedMetadataClient
 from hf3fsctl.meta.http import HttpMetadataClient
-from hf3fsctl.meta.models import EvictRequest
 from hf3fsctl.meta.store import MetadataStore
 
 
@@ -42,14 +43,6 @@ def test_connect_honours_configured_url(tmp_path: Path) -> None:
     client = connect(config)
     assert client.url.endswith("/x.db")
     client.close()
-
-
-def test_embedded_client_round_trip(tmp_path: Path) -> None:
-    client = EmbeddedMetadataClient(f"sqlite:///{tmp_path}/m.db")
-    ns = register(client)
-    store_keys(client, ns, keys(3))
-    assert client.lookup(ns, keys(3)) == 3
-    assert client.evict(EvictRequest(all=True)).keys == 3
 
 
 def test_embedded_four_slash_url_is_absolute(tmp_path: Path) -> None:
