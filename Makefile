@@ -54,10 +54,11 @@ redis:
 pytest: setup promtool redis
 	$(PY) -m pytest -q
 
-# Optional: compile the gather/scatter ops (hf3fsctl/ops/csrc/) into hf3fsctl/_ops.so; CUDA when nvcc
-# and a CUDA torch are present, else the CPU op. Without it staging uses pure torch.
+# Optional: compile the gather/scatter ops (hf3fsctl/ops/csrc/) into the per-user cache that
+# staging searches ($$XDG_CACHE_HOME/hf3fsctl/ops/); CUDA when nvcc and a CUDA torch are
+# present, else the CPU op; reused when built. Without it staging uses pure torch.
 build-ops: setup
-	$(PY) -m hf3fsctl.ops.build
+	$(VENV)/bin/hf3fsctl build-ops
 
 bench: bench-storage bench-metadata bench-vllm
 

@@ -203,11 +203,11 @@ class WorkerSide:
                 target=self._prewarm_staging, name="hf3fsctl-prewarm", daemon=True
             ).start()
         self.ensure_registered()
-        from hf3fsctl.staging import _ops
+        from hf3fsctl.ops.status import describe_staging_path
 
         logger.info(
             "hf3fsctl connector rank %d: namespace %s (%s, %s, %s, block %d, %d B/page), "
-            "engine %s, page file %s, staging %s path, %s MiB%s, metadata %s%s",
+            "engine %s, page file %s, staging: %s, %s MiB%s, metadata %s%s",
             self.rank,
             self.namespace,
             self.manifest.model,
@@ -217,7 +217,7 @@ class WorkerSide:
             page_bytes,
             "-" if self.engine is None else self.engine.name,
             "-" if self.page_file is None else self._describe_file(self.page_file),
-            _ops().name,
+            describe_staging_path(),
             self.pool.capacity_bytes >> 20,
             (" pinned" if self.pool.pinned else "")
             + (

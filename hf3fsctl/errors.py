@@ -93,3 +93,14 @@ class StoreFormatError(MetadataUnavailable):
         self.stored = stored  # the format the store records
         self.supported = supported  # the format this code reads and writes
 
+
+class OpsBuildError(Hf3fsctlError):
+    """The staging ops could not be built: a tool is missing, or a compiler failed.
+
+    `output` holds the failing tool's command line and output (empty when a tool is
+    missing: the message names it).
+    """
+
+    exit_code = 8
+    hint = "run `hf3fsctl build-ops --cpu` for the CPU op, or install what is named above"
+    output: str = ""

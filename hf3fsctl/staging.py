@@ -15,9 +15,10 @@ Contract:
     * `gather_blocks_reference` / `scatter_blocks_reference` are the plain-loop oracle
       the tests compare against; never used on the data path.
     * `_ops()` is the only dispatch point: it loads the compiled `csrc/` library
-      (`$HF3FSCTL_OPS_LIB`, else `_ops.so` beside this module; built by
-      `python -m hf3fsctl.ops.build`, never at import) and uses it where it supports the tensors'
-      device, else the pure-torch path; it logs once which implementation is active.
+      (`$HF3FSCTL_OPS_LIB`, else `hf3fsctl build-ops`'s per-user cache for this torch,
+      else `_ops.so` in the package; see `hf3fsctl.ops.locate`; never built at import) and
+      uses it where it supports the tensors' device, else the pure-torch path; it logs
+      once which implementation is active.
     * `StagingPool` hands out uint8 host buffers up to a fixed byte budget, reuses freed
       ones (a larger cached one rather than fresh memory), pins them when CUDA is
       available, and counts what it does. It never allocates past its capacity:
@@ -43,6 +44,8 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
+
+from hf3fsctl.ops.locate import LIBRARY_ENV, library_candidates
 
 if TYPE_CHECKING:
     from hf3fsctl.storage.engine import SharedHostMemory
@@ -168,8 +171,6 @@ class _TorchOps:
 # pinned pages in place over PCIe) or "bounce" (the kernel fills a device buffer, then one
 # cudaMemcpyAsync). Chosen by measurement: see docs/staging-ops.md.
 HOST_TRANSFER = "zero_copy"
-_LIBRARY_ENV = "HF3FSCTL_OPS_LIB"
-_LIBRARY_NAME = "_ops.so"
 _OP_NAMES = ("hf3fsctl::gather_pages", "hf3fsctl::scatter_pages")
 
 
@@ -264,7 +265,10 @@ def load_compiled_ops(path: str | os.PathLike[str] | None = None) -> frozenset[s
     """Load the csrc/ library (once per process) and return the devices it supports.
 
     Args:
-        path: the library; default `$HF3FSCTL_OPS_LIB`, else `_ops.so` beside this module.
+        path: the library; default the first that exists of `hf3fsctl.ops.locate`'s
+            search order: `$HF3FSCTL_OPS_LIB` alone when set, else `hf3fsctl build-ops`'s
+            per-user cache entry for this torch (CUDA build for this GPU, then CPU build),
+            else `_ops.so` in the package directory.
 
     Returns:
         The devices ("cpu", "cuda") with compiled ops; empty when no library is found or it
@@ -273,11 +277,11 @@ def load_compiled_ops(path: str | os.PathLike[str] | None = None) -> frozenset[s
     devices = _compiled_devices()
     if devices:
         return devices  # already loaded (a second load of one namespace would fail)
-    env = os.environ.get(_LIBRARY_ENV)
-    library = Path(path or env or Path(__file__).with_name(_LIBRARY_NAME))
-    if not library.exists():
-        if path or env:
-            logger.warning("staging ops library %s does not exist", library)
+    candidates = [Path(path)] if path else library_candidates()
+    library = next((c for c in candidates if c.exists()), None)
+    if library is None:
+        if path or os.environ.get(LIBRARY_ENV):
+            logger.warning("staging ops library %s does not exist", candidates[0])
         return frozenset()
     try:
         torch.ops.load_library(str(library))  # type: ignore[no-untyped-call]

@@ -15,6 +15,8 @@ Checks, in order (a check that cannot run because an earlier one failed is `skip
    match their checksums.
 6. connectors on this node (`hf3fsctl.health` status files): running connectors that
    are disabled (fail) or degraded (warn), and why; exited ones that ended in trouble.
+7. staging: which gather/scatter path this node's torch gets (compiled ops or pure
+   torch; warn on a GPU node without the CUDA op), and `hf3fsctl build-ops` to fix it.
 
 Exit code 1 when any check fails (0 with only warnings).
 """
@@ -192,6 +194,19 @@ def check_connectors(report: Report) -> None:
         report.add(f"connector.{record['pid']}.{record['role']}", status, detail, record["fix"])
 
 
+def check_staging(report: Report) -> None:
+    """Which staging path (compiled ops or pure torch) this node's torch gets, and the fix."""
+    from hf3fsctl.ops.status import staging_path
+
+    try:
+        path = staging_path()
+    except ImportError as exc:  # torch absent: fine for a metadata-only node
+        report.add("staging", "skip", f"{exc.name} is not installed: no staging on this node")
+        return
+    status = "warn" if path.cuda_visible and not path.fast else "ok"
+    report.add("staging", status, path.describe(), path.fix)
+
+
 def check_invariants(report: Report, cfg: Config) -> None:
     """The embedded store's file is sound (`PRAGMA integrity_check`) and its invariants hold
     (pages owned once, counts consistent, …); a backup is checked the same way."""
@@ -267,6 +282,7 @@ def doctor(
             finally:
                 client.close()
     check_connectors(report)
+    check_staging(report)
     if json:
         output.print_json(report.to_dict())
     else:

@@ -21,6 +21,7 @@ from hf3fsctl import __version__
 from hf3fsctl.cli import (
     backup,
     bench,
+    build_ops,
     doctor,
     evict,
     init,
@@ -38,17 +39,37 @@ from hf3fsctl.cli.errors import report as report_error
 from hf3fsctl.cli.options import ConfigOpt
 from hf3fsctl.errors import Hf3fsctlError
 
+# What an option's value is called in help when its declaration names no metavar, by
+# the type Typer would show: plain words instead of `<str>`, `<int range>` (choices,
+# `a|b|c`, are left as they are).
+_METAVARS = {
+    "<str>": "TEXT",
+    "<path>": "PATH",
+    "<int>": "N",
+    "<int range>": "N",
+    "<float>": "NUMBER",
+    "<float range>": "NUMBER",
+    "<list[str]>": "TEXT",
+    "<list[Path]>": "PATH",
+}
 
-def _untyped_flags(params: list[Any]) -> list[Any]:
-    """Give flags an empty metavar, so Rich help shows no value type after them.
+
+def _untyped_flags(params: list[Any], ctx: Any) -> list[Any]:
+    """Give flags an empty metavar, and other options a plain one, for Rich help.
 
     Typer's Rich help prints a type for every option, `<bool>` for flags too (`--verbose
     -v <bool>`, even `--help <bool>`), which reads as a flag that takes a value. A flag
     takes none: with an empty metavar its type column is blank, as in Click's plain help.
+    An option with a value and no declared metavar shows `TEXT`, `PATH`, `N` or `NUMBER`
+    (a range keeps its bounds, `N [x>=1]`) instead of `<str>` or `<int range>`.
     """
     for param in params:
-        if isinstance(param, TyperOption) and param.is_flag and param.metavar is None:
+        if not isinstance(param, TyperOption) or param.metavar is not None:
+            continue
+        if param.is_flag:
             param.metavar = ""
+        else:
+            param.metavar = _METAVARS.get(param.display_type(ctx))
     return params
 
 
@@ -56,14 +77,14 @@ class Hf3fsctlGroup(TyperGroup):
     """The application: its own options' help without `<bool>` after flags."""
 
     def get_params(self, ctx: Any) -> list[Any]:
-        return _untyped_flags(super().get_params(ctx))
+        return _untyped_flags(super().get_params(ctx), ctx)
 
 
 class Hf3fsctlCommand(TyperCommand):
     """A command whose help shows no `<bool>` after flags (register every command with it)."""
 
     def get_params(self, ctx: Any) -> list[Any]:
-        return _untyped_flags(super().get_params(ctx))
+        return _untyped_flags(super().get_params(ctx), ctx)
 
 
 app = typer.Typer(
@@ -72,7 +93,8 @@ app = typer.Typer(
     help="Run a persistent, shareable KV-cache tier for vLLM on 3FS (or any POSIX file system).",
     epilog=EXIT_CODES_HELP,
     no_args_is_help=True,
-    add_completion=False,
+    # `--install-completion` / `--show-completion [bash|zsh|fish|powershell]`.
+    add_completion=True,
     pretty_exceptions_show_locals=False,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
@@ -104,30 +126,35 @@ def _root(
     ctx.obj = {"config": config}
 
 
-def _command(name: str, fn: Callable[..., None]) -> None:
-    """Register a command: errors mapped by `handle_errors`, flags shown without a type."""
-    app.command(name, cls=Hf3fsctlCommand)(handle_errors(fn))
+# Help panels, in the order `hf3fsctl --help` shows them.
+SETUP = "Set up and run"
+OPERATE = "Operate the cache"
+PROMPTS = "Prompts (vLLM)"
+DIAGNOSE = "Check and measure"
 
 
-# Set-up and service.
-_command("init", init.init)
-_command("serve", serve.serve)
-# Operating the cache.
+def _command(name: str, fn: Callable[..., None], panel: str = OPERATE) -> None:
+    """Register a command under a help panel: errors mapped by `handle_errors`, flags untyped."""
+    app.command(name, cls=Hf3fsctlCommand, rich_help_panel=panel)(handle_errors(fn))
+
+
+_command("init", init.init, SETUP)
+_command("serve", serve.serve, SETUP)
+_command("vllm-config", vllm_config.vllm_config, SETUP)
+_command("build-ops", build_ops.build_ops, SETUP)
 _command("stats", stats.stats)
 _command("ls", ls.ls)
 _command("evict", evict.evict)
 _command("pin", pin.pin)
 _command("unpin", pin.unpin)
-_command("warm", warm.warm)
-_command("lookup", lookup.lookup)
-_command("doctor", doctor.doctor)
 _command("backup", backup.backup)
 _command("migrate", migrate.migrate)
-_command("vllm-config", vllm_config.vllm_config)
-app.add_typer(bench.register(Hf3fsctlCommand), name="bench", cls=Hf3fsctlGroup)
-# Commands that need vLLM register here, each from its own module, the same way:
-#   _command("warm", warm.warm)    # hf3fsctl/cli/warm.py
-#   _command("bench", bench.bench)  # hf3fsctl/cli/bench.py
+_command("warm", warm.warm, PROMPTS)
+_command("lookup", lookup.lookup, PROMPTS)
+_command("doctor", doctor.doctor, DIAGNOSE)
+app.add_typer(
+    bench.register(Hf3fsctlCommand), name="bench", cls=Hf3fsctlGroup, rich_help_panel=DIAGNOSE
+)
 
 
 def main() -> None:

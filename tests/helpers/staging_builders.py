@@ -1,7 +1,9 @@
 """Builders for the staging-kernel tests: KV segments of chosen geometry, the compiled ops.
 
 `build_compiled_ops` compiles hf3fsctl/ops/csrc/ into a test directory (or reuses a library already
-loaded in this process) and returns the devices it supports.
+loaded in this process, or already built there) and returns the devices it supports;
+`session_ops_dir` is the directory every module of a session shares, so the CPU op is
+compiled once per session.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 from hf3fsctl.staging import KVSegment, load_compiled_ops
@@ -83,8 +86,15 @@ def page_mask(segment: KVSegment, blocks: list[int]) -> torch.Tensor:
     return mask
 
 
+def session_ops_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The one directory a test session builds the CPU ops into (every module reuses it)."""
+    return tmp_path_factory.getbasetemp() / "ops-cpu"
+
+
 def build_compiled_ops(out_dir: Path, *, cuda: bool) -> frozenset[str]:
     """Load the compiled ops, building them into `out_dir` first when none is loaded.
+
+    The builder reuses a library already in `out_dir` (nothing is compiled then).
 
     Returns:
         The devices the loaded library supports.

@@ -7,7 +7,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers.staging_builders import build_compiled_ops, make_segment, page_mask, twin
+from helpers.staging_builders import (
+    build_compiled_ops,
+    make_segment,
+    page_mask,
+    session_ops_dir,
+    twin,
+)
 
 from hf3fsctl.staging import (
     KVSegment,
@@ -20,7 +26,7 @@ from hf3fsctl.staging import (
 
 @pytest.fixture(scope="module")
 def compiled(tmp_path_factory: pytest.TempPathFactory) -> _CompiledOps:
-    devices = build_compiled_ops(tmp_path_factory.mktemp("ops"), cuda=False)
+    devices = build_compiled_ops(session_ops_dir(tmp_path_factory), cuda=False)
     assert "cpu" in devices
     return _CompiledOps(devices)
 
