@@ -370,3 +370,32 @@ def test_doctor_says_whether_staging_is_one_copy(
     check_storage(report, config)
     (line,) = [c for c in report.checks if c.name == "storage.one_copy"]
     assert (line.status, line.detail[: len(expected[1])]) == expected
+
+
+def test_a_connector_asked_for_usrbio_off_3fs_is_disabled_with_the_fix(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    from helpers.connector_harness import make_harness, make_kv_caches
+    from hf3fsctl_connector.namespace import load_settings
+    from hf3fsctl_connector.stats import StatsRecorder
+    from hf3fsctl_connector.worker import WorkerSide
+
+    from hf3fsctl.config import build_config
+
+    harness = make_harness(tiny_model_dir, tmp_path / "store")
+    storage = tmp_path / "kv"
+    storage.mkdir()
+    config = build_config(
+        [
+            ("base", load_settings(harness.vllm_config).to_dict()),
+            ("test", {"storage.path": str(storage), "storage.engine": "usrbio"}),
+        ]
+    )
+    worker = WorkerSide(config, harness.worker.manifest, harness.kv_cache_config, StatsRecorder())
+    try:
+        worker.register_kv_caches(make_kv_caches(harness.kv_cache_config)[1])  # no raise
+        assert (worker.disabled or "").startswith("storage unusable: storage.engine: usrbio")
+        assert "set storage.engine to auto or posix" in worker.health.snapshot().fix
+    finally:
+        worker.shutdown()
+        harness.close()
