@@ -23,8 +23,8 @@ Contract (beyond `hf3fsctl.storage.engine.IOEngine`):
     * Never a hang: a call waits at most `timeout_s` in all. Pages without a result by
       then fail (``io``, "timed out"). The ring and the bounce iov that timed out are
       retired, never used again, so a late completion cannot land in a later batch. (A
-      late read may still land in a caller's iov-backed buffer; a page read that way is
-      caught by its checksum.)
+      limit: a late read could still land in a caller's iov-backed buffer after the
+      caller reused it; it takes an I/O that outlives the timeout.)
     * io_depth 0: the daemon issues whatever is queued when told (a positive io_depth
       waits until that many I/Os are queued, which would hang a smaller batch).
     * One read ring and one write ring, each used by one thread at a time (USRBIO rings
