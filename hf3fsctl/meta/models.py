@@ -7,8 +7,12 @@ bodies (`*Request`) are what the HTTP routes accept. Keys are lower-case hex blo
 
 The key lists of request bodies (`BlockKeys`) are checked all at once (`check_keys`, one
 C-speed pass: ~0.04 ms for 1,000 keys, a third of what a pattern per key costs)
-and arrive as `CheckedKeys`, which the store does not check again. Integers that reach
-SQLite are bounded by its INTEGER range, so an oversized number is a 422, not a 500.
+and arrive as `CheckedKeys`, which the store does not check again. Integers of requests
+are bounded by `INT_MAX` (2**53: exact in every JSON reader, far inside SQLite's INTEGER),
+so an oversized number is a 422, not a 500; a whole-number float (`2.0`) is the integer
+it is, as JSON Schema says. What a request model declares is what `/openapi.json` says
+(the server adds the one app-level bound, `maxItems: max_batch`); rules a schema cannot
+state (a namespace id is its manifest's hash) are in the models' docstrings.
 """
 
 from __future__ import annotations
@@ -19,25 +23,45 @@ from typing import Annotated, Any, Literal
 from pydantic import (
     AfterValidator,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     StrictStr,
     TypeAdapter,
     WithJsonSchema,
 )
+from pydantic.config import JsonDict
 
 from hf3fsctl.errors import InvalidRequest
 from hf3fsctl.keys import check_keys
 
 KEY_PATTERN = r"^[0-9a-f]{16,128}$"
 NAMESPACE_PATTERN = r"^[0-9a-f]{16}$"
-SQL_INT_MAX = 2**63 - 1  # SQLite's largest INTEGER
+# a rank's page file, relative to the storage root (`storage.layout.rank_file_name`): the
+# pattern alone keeps a registered path under the root (no "/", "..", NUL or backslash)
+RANK_FILE_PATTERN = r"^[0-9a-f]{16}/rank-[0-9]{4}\.pages$"
+# the largest integer a request may carry: 2**53, the interoperable JSON range (I-JSON,
+# RFC 7493: beyond it a JSON number may be read as a float and rounded, so a bound near
+# SQLite's 2**63 - 1 is not the same bound on both sides), far inside SQLite's INTEGER
+INT_MAX = 2**53
+SQL_INT_MAX = INT_MAX  # the earlier name
+MAX_RANKS = 4096  # tp_size * pp_size of one namespace
+
+
+def _whole_number(value: Any) -> Any:
+    """A float with no fractional part as the int it is (JSON Schema's "integer": 2.0 is one)."""
+    return int(value) if type(value) is float and value.is_integer() else value
+
+
+WholeNumber = BeforeValidator(_whole_number)
+"""Integers of request bodies are parsed strictly (no `"1"`, no `true`) but take `2.0`."""
 
 Key = Annotated[str, Field(pattern=KEY_PATTERN)]
 NamespaceId = Annotated[str, Field(pattern=NAMESPACE_PATTERN)]
-Rank = Annotated[int, Field(ge=0, le=4095)]
-Page = Annotated[int, Field(ge=0, le=SQL_INT_MAX)]
-Positive = Annotated[int, Field(gt=0, le=SQL_INT_MAX)]
+Rank = Annotated[int, Field(ge=0, le=MAX_RANKS - 1), WholeNumber]
+Page = Annotated[int, Field(ge=0, le=INT_MAX), WholeNumber]
+Positive = Annotated[int, Field(gt=0, le=INT_MAX), WholeNumber]
+Size = Annotated[int, Field(ge=0, le=INT_MAX), WholeNumber]
 
 
 class CheckedKeys(list[str]):
@@ -131,7 +155,7 @@ class CommitItem(_Model):
     key: Key
     page: Page
     checksum: str = Field(min_length=1, max_length=64)
-    size: int = Field(ge=0, le=SQL_INT_MAX)
+    size: Size
 
 
 class InvalidateItem(_Model):
@@ -154,13 +178,29 @@ def page_triples(
 # --- admin ------------------------------------------------------------------------
 
 
+_EVICT_CRITERIA: JsonDict = {
+    "anyOf": [
+        {"required": ["all"], "properties": {"all": {"const": True}}},
+        {"required": ["older_than_s"], "properties": {"older_than_s": {"type": "number"}}},
+        {"required": ["target_usage"], "properties": {"target_usage": {"type": "number"}}},
+        {"required": ["max_entries"], "properties": {"max_entries": {"type": "integer"}}},
+    ]
+}
+
+
 class EvictRequest(_Model):
-    """What to evict. Criteria combine (AND); `all` evicts everything selected."""
+    """What to evict. Criteria combine (AND); `all` evicts everything selected.
+
+    At least one criterion must be given (`all`, `older_than_s`, `target_usage` or
+    `max_entries`); the schema says so (`anyOf`), the store refuses others (400).
+    """
+
+    model_config = ConfigDict(json_schema_extra=_EVICT_CRITERIA)
 
     namespace: NamespaceId | None = None
     older_than_s: float | None = Field(default=None, ge=0, allow_inf_nan=False)  # last access
     target_usage: float | None = Field(default=None, ge=0, le=1)  # evict LRU down to this
-    max_entries: int | None = Field(default=None, ge=0, le=SQL_INT_MAX)  # at most this many
+    max_entries: Size | None = None  # at most this many
     all: bool = False
     include_pinned: bool = False  # pinned keys are left alone unless this is set
     dry_run: bool = False
@@ -325,14 +365,59 @@ class ChangeLog(_Model):
 # --- request bodies (HTTP) ---------------------------------------------------------
 
 
+def _manifest_ranks(manifest: dict[str, Any]) -> dict[str, Any]:
+    """`manifest` with `tp_size` / `pp_size` checked, whole-number floats made ints.
+
+    Their product (at most `MAX_RANKS`) is the store's to check (400): a schema cannot say it.
+    """
+    sizes = {name: _whole_number(manifest.get(name)) for name in ("tp_size", "pp_size")}
+    for name, value in sizes.items():
+        if type(value) is not int or not 1 <= value <= MAX_RANKS:
+            raise ValueError(f"manifest.{name} must be an integer in 1..{MAX_RANKS}")
+    return {**manifest, **sizes}
+
+
+_RANK_COUNT = {"type": "integer", "minimum": 1, "maximum": MAX_RANKS}
+Manifest = Annotated[
+    dict[str, Any],
+    AfterValidator(_manifest_ranks),
+    WithJsonSchema(
+        {
+            "type": "object",
+            "description": "A namespace manifest (`hf3fsctl.keys.NamespaceManifest`); the "
+            f"store needs `tp_size` and `pp_size`, whose product is at most {MAX_RANKS}.",
+            "required": ["tp_size", "pp_size"],
+            "properties": {"tp_size": _RANK_COUNT, "pp_size": _RANK_COUNT},
+            "additionalProperties": True,
+        }
+    ),
+]
+"""A manifest in a request: any JSON object whose `tp_size` and `pp_size` the store can use."""
+
+
+class RankFileBody(RankFile):
+    """A rank file in a request: its `path` is the rank's file under the storage root."""
+
+    path: Annotated[str, Field(pattern=RANK_FILE_PATTERN)]  # "<namespace>/rank-NNNN.pages"
+
+    def as_rank_file(self) -> RankFile:
+        """The plain `RankFile` (what the store records and compares)."""
+        return RankFile.model_construct(**self.__dict__)
+
+
 class RegisterNamespaceRequest(_Model):
+    """Register a namespace. Its id must be `hf3fsctl.keys.namespace_id(manifest)` (400)."""
+
     namespace: NamespaceId
-    manifest: dict[str, Any]
+    manifest: Manifest
 
 
 class RegisterRankRequest(_Model):
+    """Register a rank's page file. The rank must be below the namespace's `num_ranks`,
+    `page_bytes` the manifest's, and `slot_bytes` at least `page_bytes` (else 400)."""
+
     namespace: NamespaceId
-    rank_file: RankFile
+    rank_file: RankFileBody
 
 
 class LookupRequest(_Model):
@@ -358,7 +443,7 @@ class AllocateRequest(_Model):
     namespace: NamespaceId
     rank: Rank
     keys: BlockKeys
-    first_depth: int = Field(default=0, ge=0, le=2**62)  # chain position of keys[0]
+    first_depth: Annotated[int, Field(ge=0, le=INT_MAX), WholeNumber] = 0  # position of keys[0]
 
 
 class CommitRequest(_Model):
@@ -382,9 +467,9 @@ class InvalidateRequest(_Model):
 class ChangesRequest(_Model):
     """Read the change log after `since` (-1: start at its end, returning no rows)."""
 
-    since: int = Field(ge=-1, le=SQL_INT_MAX)
+    since: Annotated[int, Field(ge=-1, le=SQL_INT_MAX), WholeNumber]
     namespace: NamespaceId | None = None  # only this namespace's changes
-    limit: int = Field(default=10_000, ge=1, le=100_000)
+    limit: Annotated[int, Field(ge=1, le=100_000), WholeNumber] = 10_000
 
 
 class CountResponse(_Model):

@@ -22,9 +22,11 @@ Auth: when a token is configured, every `/v1` route and `/metrics` need
 contents): one dependency (`BearerToken`, an `HTTPBearer`, so the schema declares it),
 checked before the body is looked at; `/healthz` stays open for load balancers.
 
-Limits, each in one place: a body over `max_body_bytes` is refused by the `BodyLimit`
-middleware before it is read; a batch over `max_batch` (the keys, items, allocations or
-namespaces of a body: `limited`; the `limit` of a listing: `listing_limit`) by a dependency.
+Limits, each in one place: a body over `max_body_bytes` is refused (413) by the
+`BodyLimit` middleware before it is read; a batch over `max_batch` (the keys, items,
+allocations or namespaces of a body: `limited`) by a dependency (413), and the schema
+declares it (`maxItems`, `declare_batch_limit`); a listing's `limit` is declared at most
+`max_batch` (422 above), and a query parameter a listing does not declare is a 422.
 
 Errors are `ErrorResponse` JSON with the error class and a one-line reason:
 `InvalidRequest` 400 (a malformed body is 422), `AuthError` 401, `NotFound` 404,
@@ -59,6 +61,7 @@ import hmac
 import json
 import logging
 import os
+import signal
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, MutableMapping
 from concurrent.futures import ThreadPoolExecutor
@@ -84,8 +87,8 @@ from hf3fsctl.errors import (
     NotFound,
 )
 from hf3fsctl.meta.models import (
+    INT_MAX,
     NAMESPACE_PATTERN,
-    SQL_INT_MAX,
     AllocateRequest,
     AllocateResult,
     CapacityInfo,
@@ -119,6 +122,7 @@ from hf3fsctl.meta.models import (
 if TYPE_CHECKING:
     from hf3fsctl.meta.client import Store
     from hf3fsctl.meta.policy import StorePolicy
+    from hf3fsctl.meta.server_logs import LogFormat
 
 logger = logging.getLogger(__name__)
 
@@ -158,7 +162,7 @@ _PINS = TypeAdapter(list[PinInfo])
 
 NamespacePath = Annotated[str, PathParam(pattern=NAMESPACE_PATTERN)]
 NamespaceQuery = Annotated[str | None, Query(pattern=NAMESPACE_PATTERN)]
-Offset = Annotated[int, Query(ge=0, le=SQL_INT_MAX)]
+Offset = Annotated[int, Query(ge=0, le=INT_MAX)]
 
 
 class _ModelBodyRequest(Request):
@@ -268,8 +272,24 @@ def _count(count: int) -> Response:
 
 
 def _batch_size(body: BaseModel) -> int:
-    """The keys, items, allocations or namespaces a body carries (its list fields)."""
-    return sum(len(value) for value in body.__dict__.values() if isinstance(value, list))
+    """The keys, items, allocations or namespaces a body carries (its longest list field)."""
+    return max(
+        (len(value) for value in body.__dict__.values() if isinstance(value, list)), default=0
+    )
+
+
+def declare_batch_limit(schema: dict[str, Any], models: set[str], max_batch: int) -> None:
+    """Declare `maxItems: max_batch` on the list fields of the request models `models`.
+
+    The limit is the app's (`create_app(max_batch=)`), not the models', so the schema that
+    FastAPI derives from the models learns it here; a longer list is answered 413.
+    """
+    components = schema.get("components", {}).get("schemas", {})
+    for name in models:
+        for prop in components.get(name, {}).get("properties", {}).values():
+            for branch in (prop, *prop.get("anyOf", ())):
+                if branch.get("type") == "array":
+                    branch["maxItems"] = max_batch
 
 
 class BodyLimit:
@@ -355,13 +375,23 @@ def create_app(
         body_of.__annotations__["body"] = model  # FastAPI reads the body's model here
         return Depends(body_of)
 
-    def listing_limit(default: int) -> Any:
-        """A listing's `limit` query parameter, refused (413) above `max_batch`."""
+    def only_query(*names: str) -> Any:
+        """Refuse (422) query parameters a listing does not declare, as its body models do."""
 
-        async def limit_of(
-            limit: int = Query(min(default, max_batch), ge=0, le=SQL_INT_MAX),
-        ) -> int:
-            check_batch(limit)
+        async def check(request: Request) -> None:
+            unknown = [name for name in request.query_params if name not in names]
+            if unknown:
+                loc, message = ("query", unknown[0]), "Extra inputs are not permitted"
+                raise RequestValidationError(
+                    [{"type": "extra_forbidden", "loc": loc, "msg": message}]
+                )
+
+        return Depends(check)
+
+    def listing_limit(default: int) -> Any:
+        """A listing's `limit` query parameter: at most `max_batch` (422 above, as declared)."""
+
+        async def limit_of(limit: int = Query(min(default, max_batch), ge=0, le=max_batch)) -> int:
             return limit
 
         return Depends(limit_of)
@@ -497,7 +527,8 @@ def create_app(
     @v1.post("/ranks", response_model=NamespaceInfo, responses=documented(400, 404, 409, 422))
     async def register_rank(body: RegisterRankRequest = limited(RegisterRankRequest)) -> Response:
         """Record one rank's page file, or return the namespace if identical."""
-        return await write(lambda: _reply(store.register_rank(body.namespace, body.rank_file)))
+        rank_file = body.rank_file.as_rank_file()
+        return await write(lambda: _reply(store.register_rank(body.namespace, rank_file)))
 
     # --- admin -----------------------------------------------------------------------
 
@@ -511,7 +542,12 @@ def create_app(
         """Usage and traffic of every namespace and of the whole store."""
         return await read(lambda: _reply(store.stats()))
 
-    @v1.get("/entries", response_model=list[EntryInfo], responses=documented(400, 422))
+    @v1.get(
+        "/entries",
+        response_model=list[EntryInfo],
+        responses=documented(400, 422),
+        dependencies=[only_query("namespace", "limit", "offset")],
+    )
     async def entries(
         namespace: NamespaceQuery = None,
         limit: int = listing_limit(100),
@@ -542,7 +578,12 @@ def create_app(
         """Drop pins of the keys (all of the namespace's when `keys` is null)."""
         return await write(lambda: _count(store.unpin(body.namespace, body.keys)))
 
-    @v1.get("/pins", response_model=list[PinInfo], responses=documented(400, 422))
+    @v1.get(
+        "/pins",
+        response_model=list[PinInfo],
+        responses=documented(400, 422),
+        dependencies=[only_query("namespace", "limit")],
+    )
     async def list_pins(
         namespace: NamespaceQuery = None, limit: int = listing_limit(1000)
     ) -> Response:
@@ -584,6 +625,20 @@ def create_app(
 
         return await read(render)
 
+    body_models = {
+        model.__name__
+        for route in app.routes
+        if isinstance(route, APIRoute) and route.body_field is not None
+        for model in [route.body_field.field_info.annotation]
+        if isinstance(model, type)
+    }
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            declare_batch_limit(FastAPI.openapi(app), body_models, max_batch)
+        return app.openapi_schema  # type: ignore[return-value]
+
+    app.openapi = openapi  # type: ignore[method-assign]
     app.add_middleware(BodyLimit, max_body_bytes=max_body_bytes)
     app.add_middleware(metrics.middleware)
     return app
@@ -635,6 +690,7 @@ def store_path(store_path_or_url: str) -> str:
 
 
 _SETTINGS_ENV = "HF3FSCTL_SERVE_SETTINGS"
+DRAIN_TIMEOUT_S = 30  # longest wait for requests in flight at shutdown (systemd waits 45)
 
 
 def run_server(
@@ -652,6 +708,8 @@ def run_server(
     workers: int = 1,
     policy: StorePolicy | None = None,
     store_options: dict[str, Any] | None = None,
+    log_format: LogFormat = "text",
+    drain_timeout_s: int = DRAIN_TIMEOUT_S,
 ) -> None:
     """Serve the store at `store_path_or_url` on `host:port` until interrupted.
 
@@ -665,8 +723,20 @@ def run_server(
     `app_from_environment` from settings this process puts in its environment (the
     token included: only the same user can read another process's environment); the
     store is safe across processes (`WriterLock`, WAL).
+
+    Shutdown (SIGTERM from systemd, or SIGINT): uvicorn stops accepting connections
+    and lets the requests in flight finish (up to `drain_timeout_s`; idle keep-alive
+    connections are closed, so a client sees a full answer or a refused/closed
+    connection, never half of one); then the app's lifespan ends: the reader and writer
+    threads finish their calls, lookup counters are flushed, the WAL is checkpointed
+    and truncated and the store is closed. After a SIGTERM the process exits 0 (uvicorn
+    re-raises the signal once it is done; by then there is nothing left to stop).
+    `log_format` picks uvicorn's text lines or one JSON object per line
+    (`meta/server_logs.py`; the token is masked).
     """
     import uvicorn
+
+    from hf3fsctl.meta.server_logs import logging_config
 
     settings = {
         "db": store_path(store_path_or_url),
@@ -693,7 +763,14 @@ def run_server(
         "port": port,
         "log_level": log_level,
         "access_log": False,
+        "timeout_graceful_shutdown": drain_timeout_s,
     }
+    config = logging_config(log_format, log_level, [token] if token else [])
+    if config is not None:
+        options["log_config"] = config
+    # uvicorn restores this handler after its graceful shutdown and raises SIGTERM into
+    # it: the drain is done by then, so it only notes it and the process exits 0
+    previous = signal.signal(signal.SIGTERM, _after_drain)
     try:
         if workers > 1:
             os.environ[_SETTINGS_ENV] = json.dumps(settings)
@@ -703,7 +780,13 @@ def run_server(
         else:
             uvicorn.run(_app_from_settings(settings), **options)
     finally:
+        signal.signal(signal.SIGTERM, previous)
         logger.info("metadata server stopped after %.0fs", time.monotonic() - started)
+
+
+def _after_drain(signum: int, frame: object) -> None:
+    """SIGTERM after uvicorn's graceful shutdown: everything is drained; exit normally."""
+    logger.info("SIGTERM: requests drained, store closed")
 
 
 def _shown(db: str) -> str:
@@ -718,6 +801,18 @@ def _shown(db: str) -> str:
 def app_from_environment() -> FastAPI:
     """The app of one worker process of `run_server(workers > 1)` (a uvicorn factory)."""
     return _app_from_settings(json.loads(os.environ[_SETTINGS_ENV]))
+
+
+def _close_store(store: Any) -> None:
+    """Close a server's store at shutdown: counters flushed, and for SQLite the WAL
+    checkpointed into the database and truncated (the file alone is then complete)."""
+    from hf3fsctl.meta.store import MetadataStore
+
+    if isinstance(store, MetadataStore):
+        store.close(truncate_wal=True)
+    else:
+        store.close()
+    logger.info("metadata store closed")
 
 
 def _app_from_settings(settings: dict[str, Any]) -> FastAPI:
@@ -745,9 +840,9 @@ def _app_from_settings(settings: dict[str, Any]) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: Any) -> AsyncIterator[Any]:
-        async with inner(app) as state:
+        async with inner(app) as state:  # its exit waits for the store threads' calls
             yield state
-        store.close()
+        _close_store(store)
 
     app.router.lifespan_context = lifespan
     return app

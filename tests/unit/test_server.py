@@ -241,9 +241,19 @@ def test_commit_batch_too_large_is_413(client: TestClient) -> None:
     assert (response.status_code, response.json()["error"]) == (413, "InvalidRequest")
 
 
-def test_listing_limit_over_max_batch_is_413_and_the_default_fits(client: TestClient) -> None:
+def test_listing_limit_over_max_batch_is_422_and_the_default_fits(client: TestClient) -> None:
+    # the bound is declared (`maximum: max_batch`), so a larger limit is schema-invalid
     too_many = client.get("/v1/entries", params={"limit": 51}, headers=AUTH)
-    assert (too_many.status_code, client.get("/v1/entries", headers=AUTH).status_code) == (413, 200)
+    assert (too_many.status_code, "50" in too_many.json()["detail"]) == (422, True)
+    assert client.get("/v1/entries", headers=AUTH).status_code == 200
+
+
+def test_listing_refuses_an_undeclared_query_parameter(client: TestClient) -> None:
+    response = client.get("/v1/pins", params={"limti": 5}, headers=AUTH)
+    assert (response.status_code, response.json()["detail"]) == (
+        422,
+        "query.limti: Extra inputs are not permitted",
+    )
 
 
 def test_malformed_namespace_in_the_path_is_422(client: TestClient) -> None:
