@@ -13,7 +13,8 @@ Each test here takes `backend` (or a fixture built on it) and runs once per stor
 
 Every client is opened the way the connector and the CLI open theirs: a config file →
 `load_config` → `connect`. `Backend.invariants()` asks the store behind the client for
-its own consistency check (`check_invariants`), so a scenario can end with it.
+its own consistency check (`check_invariants`); the fixture runs it after every test
+(a violation is an error of that test), and scenarios also check it where it matters.
 """
 
 from __future__ import annotations
@@ -50,5 +51,7 @@ def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]
     made = Backend(kind, tmp_path, redis)
     try:
         yield made
+        if made.config is not None:  # every scenario ends with a sound store
+            assert made.invariants() == [], f"{kind} store unsound after the test"
     finally:
         made.close()

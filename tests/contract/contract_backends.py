@@ -164,7 +164,7 @@ class Backend:
         if self.server_store is not None:
             return list(self.server_store.check_invariants())
         assert self.clients, "open() first"
-        client = self.clients[0]
+        client = self.clients[-1]  # a test may have closed the first
         target = getattr(client, "store", client)
         check = getattr(target, "check_invariants", None)
         if check is None:
