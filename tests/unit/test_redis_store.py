@@ -1,0 +1,414 @@
+"""What only the Redis store has: URLs, auth, a server that is down, connections lost,
+leases against Redis's clock, atomic scripts under concurrent clients, Sentinel master
+discovery and failover, the change-log stream.
+
+The store contract itself (same answers as SQLite) is `tests/contract/`. Every test here
+talks to real `redis-server` / `redis-sentinel` processes (`helpers.redis_servers`).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+from helpers.redis_servers import (
+    RedisServer,
+    redis_server,
+    redis_session_server,
+    redis_url,
+    sentinel_cluster,
+)
+from helpers.servers import free_port
+
+from hf3fsctl.config import MetadataUrl, build_config
+from hf3fsctl.errors import AuthError, ConfigError, MetadataUnavailable
+from hf3fsctl.keys import namespace_id
+from hf3fsctl.meta.client import connect, open_metadata_client
+from hf3fsctl.meta.models import CommitItem, EvictRequest, RankFile
+from hf3fsctl.meta.policy import StorePolicy
+from hf3fsctl.meta.redis import RedisMetadataStore
+
+__all__ = ["redis_session_server", "redis_url", "sentinel_cluster"]  # fixtures used here
+
+PAGE = 4096
+
+
+def _namespace(store: Any, ranks: int = 1, num_pages: int = 1 << 20, model: str = "m") -> str:
+    manifest = {"model": model, "tp_size": ranks, "pp_size": 1, "page_bytes": PAGE}
+    ns = namespace_id(manifest)
+    store.register_namespace(ns, manifest)
+    for rank in range(ranks):
+        store.register_rank(
+            ns,
+            RankFile(
+                rank=rank,
+                path=f"{ns}/rank-{rank:04d}.pages",
+                page_bytes=PAGE,
+                slot_bytes=PAGE,
+                num_pages=num_pages,
+            ),
+        )
+    return ns
+
+
+def _keys(n: int, start: int = 0, tag: int = 0) -> list[str]:
+    return [f"{tag:08x}{i:08x}" for i in range(start, start + n)]
+
+
+def _save(store: Any, ns: str, keys: list[str], rank: int = 0) -> dict[str, int]:
+    result = store.allocate(ns, rank, keys)
+    store.commit(
+        ns,
+        rank,
+        [
+            CommitItem(key=a.key, page=a.page, checksum="xxh3:00", size=PAGE)
+            for a in result.allocated
+        ],
+    )
+    return {a.key: a.page for a in result.allocated}
+
+
+# --- URLs ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("url", "hosts", "db", "service", "username", "password", "shown"),
+    [
+        ("redis://127.0.0.1:6379/2", ((("127.0.0.1", 6379),)), 2, None, None, None, None),
+        (
+            "rediss://app:p%40ss@h:6380",
+            (("h", 6380),),
+            0,
+            None,
+            "app",
+            "p@ss",
+            "rediss://app:***@h:6380",
+        ),
+        ("redis://s3cret@h:1/0", (("h", 1),), 0, None, None, "s3cret", "redis://***@h:1/0"),
+        (
+            "redis+sentinel://:pw@a:26379,b:26380/cache/3",
+            (("a", 26379), ("b", 26380)),
+            3,
+            "cache",
+            None,
+            "pw",
+            "redis+sentinel://:***@a:26379,b:26380/cache/3",
+        ),
+    ],
+    ids=["redis-db", "rediss-user-password", "password-alone", "sentinel-hosts-db"],
+)
+def test_redis_urls_parse_and_never_show_the_password(
+    url: str,
+    hosts: tuple[tuple[str, int], ...],
+    db: int,
+    service: str | None,
+    username: str | None,
+    password: str | None,
+    shown: str | None,
+) -> None:
+    target = MetadataUrl.parse(url)
+    assert (target.hosts, target.db, target.service) == (hosts, db, service)
+    assert (target.username, target.password) == (username, password)
+    assert target.url == (shown or url)
+    if password:
+        assert password not in repr(target) and password not in target.url
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["redis://h", "redis://h:1,g:2/0", "redis://h:1/zero", "redis+sentinel://h:1", "redis://h:0"],
+    ids=["no-port", "two-hosts", "bad-db", "no-service", "port-0"],
+)
+def test_malformed_redis_urls_are_config_errors(url: str) -> None:
+    with pytest.raises(ConfigError, match=r"metadata\.url"):
+        MetadataUrl.parse(url)
+
+
+# --- auth and availability --------------------------------------------------------------
+
+
+@pytest.fixture
+def password_server(tmp_path: Path) -> Any:
+    server = redis_server(tmp_path / "auth")
+    conn = server.client()
+    conn.config_set("requirepass", "hunter2-secret")  # after start: its PING check has no password
+    conn.close()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def test_a_wrong_password_is_an_auth_error_that_names_no_password(
+    password_server: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    url = f"redis://:wrong-guess@127.0.0.1:{password_server.port}/0"
+    with pytest.raises(AuthError) as raised:  # at open: a configuration error fails fast
+        open_metadata_client(url, timeout_s=5)
+    assert "wrong-guess" not in str(raised.value) and "wrong-guess" not in caplog.text
+
+
+def test_the_token_file_is_the_password_of_a_url_without_one(
+    password_server: RedisServer, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    token = tmp_path / "token"
+    token.write_text("hunter2-secret\n")
+    config = build_config(
+        [
+            (
+                "test",
+                {
+                    "storage.path": str(tmp_path / "no-root"),
+                    "metadata.url": f"redis://127.0.0.1:{password_server.port}/0",
+                    "metadata.token_file": str(token),
+                },
+            )
+        ]
+    )
+    store = connect(config)
+    try:
+        ns = _namespace(store)
+        assert store.get_namespace(ns).id == ns
+    finally:
+        store.close()
+    assert "hunter2-secret" not in caplog.text
+
+
+def test_a_redis_that_is_not_there_is_unavailable_within_the_deadline() -> None:
+    store = open_metadata_client(f"redis://127.0.0.1:{free_port()}/0", timeout_s=0.5)
+    started = time.monotonic()
+    for call in (lambda: store.lookup("0" * 16, ["ab" * 8]), store.health):
+        with pytest.raises(MetadataUnavailable, match=r"Redis at redis://127\.0\.0\.1"):
+            call()
+    assert time.monotonic() - started < 10  # no retry loop, no hang
+    store.close()
+
+
+def test_a_killed_server_is_unavailable_and_a_restarted_one_serves_again(tmp_path: Path) -> None:
+    server = redis_server(tmp_path / "r")
+    store = RedisMetadataStore(MetadataUrl.parse(server.url), timeout_s=2)
+    try:
+        ns = _namespace(store)
+        server.kill()
+        with pytest.raises(MetadataUnavailable):
+            store.lookup(ns, _keys(4))
+        server.start()  # empty (no persistence): the store answers, it does not hang
+        assert store.namespaces() == []
+    finally:
+        store.close()
+        server.stop()
+
+
+def test_a_connection_the_server_dropped_is_replaced_before_use(redis_url: str) -> None:
+    store = RedisMetadataStore(MetadataUrl.parse(redis_url), timeout_s=5)
+    admin = RedisMetadataStore(MetadataUrl.parse(redis_url), timeout_s=5)
+    try:
+        ns = _namespace(store)
+        _save(store, ns, _keys(8))
+
+        def drop_store_connections() -> None:
+            raw = admin._redis
+            for client in raw.client_list():
+                if client["name"] == "hf3fsctl" and int(client["id"]) != raw.client_id():
+                    raw.client_kill_filter(_id=client["id"])
+
+        drop_store_connections()
+        assert store.lookup(ns, _keys(8)) == 8
+        drop_store_connections()
+        assert len(store.allocate(ns, 0, _keys(4, start=100)).allocated) == 4
+        assert store.check_invariants() == []
+    finally:
+        store.close()
+        admin.close()
+
+
+def test_a_call_that_times_out_is_unavailable_and_sent_once(redis_url: str) -> None:
+    store = RedisMetadataStore(MetadataUrl.parse(redis_url), timeout_s=0.3)
+    admin = RedisMetadataStore(MetadataUrl.parse(redis_url), timeout_s=5)
+    try:
+        ns = _namespace(store)
+        raw = admin._redis
+        raw.config_resetstat()
+        raw.execute_command("CLIENT", "PAUSE", 1500, "ALL")  # answers nobody for 1.5 s
+        started = time.monotonic()
+        with pytest.raises(MetadataUnavailable, match="did not answer in time"):
+            store.allocate(ns, 0, _keys(4))
+        assert time.monotonic() - started < 1.5  # the deadline, not the pause, ended it
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                raw.ping()
+                break
+            except Exception:
+                time.sleep(0.1)
+        time.sleep(0.2)
+        stats = raw.info("commandstats").get("cmdstat_evalsha", {"calls": 0})
+        assert stats["calls"] <= 1  # never sent a second time
+    finally:
+        store.close()
+        admin.close()
+
+
+# --- leases, scripts, concurrency -------------------------------------------------------
+
+
+def test_a_read_lease_keeps_an_evicted_page_until_it_expires(redis_url: str) -> None:
+    lease_s = 3.0
+    store = RedisMetadataStore(MetadataUrl.parse(redis_url), lease_s=lease_s)
+    try:
+        ns = _namespace(store)
+        page = _save(store, ns, _keys(1))[_keys(1)[0]]
+        assert store.locate(ns, 0, _keys(1))[0] is not None  # the lease starts now
+        located = time.monotonic()
+        assert store.evict(EvictRequest(all=True)).keys == 1
+        during = store.allocate(ns, 0, _keys(1, start=1)).allocated[0].page
+        assert time.monotonic() - located < lease_s, "the machine stalled past the lease"
+        assert during != page  # leased: not handed out again
+        deadline = time.monotonic() + 30
+        reused = False
+        start = 2
+        while not reused and time.monotonic() < deadline:
+            time.sleep(0.25)
+            got = store.allocate(ns, 0, _keys(1, start=start)).allocated
+            reused, start = got[0].page == page, start + 1
+        assert reused and time.monotonic() - located >= lease_s  # reusable once it ended
+        assert store.check_invariants() == []
+    finally:
+        store.close()
+
+
+def _run_threads(count: int, work: Any) -> list[Any]:
+    results: list[Any] = [None] * count
+    errors: list[BaseException] = []
+
+    def run(i: int) -> None:
+        try:
+            results[i] = work(i)
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert not errors, errors
+    return results
+
+
+def test_concurrent_writers_get_each_key_and_each_page_once(redis_url: str) -> None:
+    setup = RedisMetadataStore(MetadataUrl.parse(redis_url))
+    ns = _namespace(setup, ranks=2)
+    keys = _keys(400)
+
+    def writer(i: int) -> list[tuple[str, int]]:
+        store = RedisMetadataStore(MetadataUrl.parse(redis_url))
+        granted = []
+        try:
+            for round_ in range(20):  # overlapping windows of the same keys
+                window = keys[(round_ * 17 + i * 29) % 380 :][:20]
+                result = store.allocate(ns, i % 2, window)
+                granted += [(f"{i % 2}:{a.key}", a.page) for a in result.allocated]
+        finally:
+            store.close()
+        return granted
+
+    granted = [g for part in _run_threads(6, writer) for g in part]
+    per_key = Counter(key for key, _ in granted)
+    pages = [(key.split(":")[0], page) for key, page in granted]
+    assert max(per_key.values()) == 1  # each (rank, key) went to one writer
+    assert len(set(pages)) == len(pages)  # each (rank, page) to one key
+    assert setup.check_invariants() == []
+    setup.close()
+
+
+def test_concurrent_writers_on_a_full_store_stay_within_capacity(redis_url: str) -> None:
+    capacity = 64 * PAGE
+    setup = RedisMetadataStore(MetadataUrl.parse(redis_url))
+    setup.set_capacity(capacity)
+    namespaces = [_namespace(setup, model=f"m{i}") for i in range(3)]
+
+    def writer(i: int) -> int:
+        store = RedisMetadataStore(MetadataUrl.parse(redis_url))
+        saved = 0
+        try:
+            for round_ in range(30):
+                saved += len(_save(store, namespaces[i % 3], _keys(8, start=round_ * 8, tag=i)))
+                assert store.capacity().bytes_used <= capacity
+        finally:
+            store.close()
+        return saved
+
+    saved = _run_threads(6, writer)
+    assert sum(saved) > 64  # eviction made room again and again
+    assert setup.capacity().bytes_used <= capacity
+    assert setup.check_invariants() == []
+    evicted = sum(counts[0] for n in setup.stats().namespaces for counts in n.evicted.values())
+    assert evicted > 0
+    setup.close()
+
+
+def test_two_prefixes_are_two_stores_in_one_database(redis_url: str) -> None:
+    first = RedisMetadataStore(MetadataUrl.parse(redis_url), prefix="{a}:")
+    second = RedisMetadataStore(MetadataUrl.parse(redis_url), prefix="{b}:")
+    try:
+        ns = _namespace(first)
+        assert [info.id for info in first.namespaces()] == [ns]
+        assert second.namespaces() == []
+    finally:
+        first.close()
+        second.close()
+
+
+def test_the_change_log_is_a_stream_written_by_commits_and_removals(redis_url: str) -> None:
+    store = RedisMetadataStore(MetadataUrl.parse(redis_url))
+    try:
+        ns = _namespace(store)
+        _save(store, ns, _keys(3))
+        store.evict(EvictRequest(max_entries=1))
+        raw = store._redis.xrange("{hf3fsctl}:changes")
+        assert [entry_id for entry_id, _ in raw] == ["0-1", "0-2", "0-3", "0-4"]
+        assert [int(fields["delta"]) for _, fields in raw] == [1, 1, 1, -1]
+        log = store.changes(2)
+        assert [(c.seq, c.delta) for c in log.changes] == [(3, 1), (4, -1)]
+        assert (log.next_seq, log.missed) == (4, False)
+    finally:
+        store.close()
+
+
+# --- Sentinel ---------------------------------------------------------------------------
+
+
+def test_sentinel_finds_the_master_and_follows_a_failover(sentinel_cluster: Any) -> None:
+    store = open_metadata_client(sentinel_cluster.url, timeout_s=1.0, policy=StorePolicy())
+    try:
+        ns = _namespace(store)
+        _save(store, ns, _keys(16))
+        old = sentinel_cluster.master_port()
+        master = sentinel_cluster.master.client()
+        try:
+            assert master.wait(1, 5000) == 1  # the replica has every write
+        finally:
+            master.close()
+        sentinel_cluster.master.kill()
+        new = sentinel_cluster.wait_for_new_master(old)
+        assert new != old
+        deadline = time.monotonic() + 30
+        while True:  # a call on a dead connection is a miss; the next finds the new master
+            try:
+                hits = store.lookup(ns, _keys(16))
+                break
+            except MetadataUnavailable:
+                assert time.monotonic() < deadline, "the store never found the new master"
+                time.sleep(0.1)
+        assert hits == 16
+        assert len(_save(store, ns, _keys(4, start=16))) == 4  # and writes to it
+    finally:
+        store.close()
