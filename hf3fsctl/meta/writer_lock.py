@@ -9,6 +9,11 @@ one process queue on a mutex; a process that finds the lock taken blocks in the 
 caller raises `MetadataUnavailable`). The lock is advisory and only this package takes it; a writer
 that does not (the `sqlite3` shell) is still handled by SQLite's busy timeout.
 A process that dies holding it releases it (the kernel closes its descriptors).
+
+A lock has at most one helper thread (and its one descriptor) at a time: a wait that
+times out leaves the helper blocked in `flock` for the next wait to take over, instead of
+starting another, so timed-out waits under a hung holder cannot pile up threads and
+descriptors. A helper that gets the lock when nobody waits any more gives it back at once.
 """
 
 from __future__ import annotations
@@ -33,6 +38,8 @@ class WriterLock:
         self._mutex = threading.Lock()
         self._fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         self._pid = os.getpid()
+        self._waiter_state = threading.Lock()  # guards `_waiter` and its fields
+        self._waiter: _Waiter | None = None  # the one helper blocked in flock, if any
 
     @contextmanager
     def hold(self, timeout_s: float) -> Iterator[bool]:
@@ -100,30 +107,46 @@ class WriterLock:
 
         A blocked `flock` is woken the moment the holder releases (polling sleepers miss
         that moment and starve), but cannot time out; so a helper thread blocks on its own
-        descriptor, and gives the lock back at once if the caller stopped waiting.
+        descriptor. The caller waits for the helper up to `timeout_s`; on a timeout the
+        helper stays blocked, and the next wait takes it over (one helper per lock).
         """
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        got = threading.Event()
-        state = threading.Lock()
-        abandoned = False
+        with self._waiter_state:
+            waiter = self._waiter
+            if waiter is not None and waiter.pid != os.getpid():
+                os.close(waiter.fd)  # a forked child's copy; the parent's helper is its own
+                waiter = None
+            if waiter is None:
+                waiter = _Waiter(os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644))
+                self._waiter = waiter
+                threading.Thread(
+                    target=self._block, args=(waiter,), name="hf3fsctl-writer-lock", daemon=True
+                ).start()
+            waiter.wanted = True
+        waiter.got.wait(max(timeout_s, 0))
+        with self._waiter_state:
+            waiter.wanted = False
+            if not waiter.got.is_set():
+                return None  # the helper stays blocked for the next wait
+            if self._waiter is waiter:
+                self._waiter = None
+            return waiter.fd
 
-        def block() -> None:
-            nonlocal abandoned
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            with state:
-                if abandoned:
-                    fcntl.flock(fd, fcntl.LOCK_UN)
-                    os.close(fd)
-                    return
-                got.set()
+    def _block(self, waiter: _Waiter) -> None:
+        """The helper: take the lock, hand it to a waiting caller or give it straight back."""
+        fcntl.flock(waiter.fd, fcntl.LOCK_EX)
+        with self._waiter_state:
+            if waiter.wanted:
+                waiter.got.set()
+                return
+            if self._waiter is waiter:
+                self._waiter = None
+        fcntl.flock(waiter.fd, fcntl.LOCK_UN)  # nobody waits for it any more
+        os.close(waiter.fd)
 
-        threading.Thread(target=block, name="hf3fsctl-writer-lock", daemon=True).start()
-        got.wait(max(timeout_s, 0))
-        with state:
-            if got.is_set():
-                return fd
-            abandoned = True
-        return None
+    def waiting_helpers(self) -> int:
+        """Helper threads of this lock blocked in `flock` now (0 or 1)."""
+        with self._waiter_state:
+            return int(self._waiter is not None and not self._waiter.got.is_set())
 
     def close(self) -> None:
         """Close the lock file's descriptor."""
@@ -131,3 +154,15 @@ class WriterLock:
             if self._fd >= 0:
                 os.close(self._fd)
                 self._fd = -1
+
+
+class _Waiter:
+    """The helper thread's side of a wait: its descriptor, and whether a caller still waits."""
+
+    __slots__ = ("fd", "got", "pid", "wanted")
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd  # blocked in (then holding) flock
+        self.got = threading.Event()  # set when it holds the lock for a waiting caller
+        self.pid = os.getpid()
+        self.wanted = False  # a caller is waiting for it now

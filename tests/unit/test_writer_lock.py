@@ -1,11 +1,15 @@
 """The cross-process writer lock: a writer waits for another process's lock, gets it
-promptly once released, and reports `MetadataUnavailable` when it is held too long."""
+promptly once released, and reports `MetadataUnavailable` when it is held too long;
+timed-out waits under a hung holder leave one helper thread, not one each."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -13,6 +17,7 @@ from helpers.meta_builders import keys, register
 
 from hf3fsctl.errors import MetadataUnavailable
 from hf3fsctl.meta.store import MetadataStore
+from hf3fsctl.meta.writer_lock import WriterLock
 
 HOLDER = """
 import fcntl, sys, time
@@ -77,3 +82,59 @@ def test_a_lookup_never_waits_for_a_held_writer_lock(tmp_path: Path) -> None:
         holder.kill()
         holder.wait()
     assert store.namespace_stats(ns).lookups == 2  # the skipped flush is written later
+
+
+def _lock_helpers() -> int:
+    return sum(t.name == "hf3fsctl-writer-lock" for t in threading.enumerate())
+
+
+def _open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def _eventually(condition: Callable[[], bool], timeout_s: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+def test_timed_out_waits_under_a_hung_holder_do_not_pile_up(tmp_path: Path) -> None:
+    lock = WriterLock(str(tmp_path / "m.db.lock"))
+    holder = hold_lock(tmp_path / "m.db", 60)  # hung: it would hold for a minute
+    threads, fds = _lock_helpers(), _open_fds()  # (the holder's pipe counted)
+    try:
+        for _ in range(40):
+            with lock.hold(0.005) as held:
+                assert not held
+        # one helper (and its one descriptor) waits on, for the next wait to take over
+        assert (_lock_helpers() - threads, _open_fds() - fds) == (1, 1)
+        assert lock.waiting_helpers() == 1
+        holder.kill()
+        holder.wait()
+        # the helper gets the released lock, finds nobody waiting, and gives it back
+        assert _eventually(lambda: _lock_helpers() == threads and _open_fds() == fds)
+    finally:
+        holder.kill()
+        holder.wait()
+    with lock.hold(1.0) as held:
+        assert held
+    lock.close()
+
+
+def test_a_wait_after_timed_out_ones_still_wakes_at_the_release(tmp_path: Path) -> None:
+    lock = WriterLock(str(tmp_path / "m.db.lock"))
+    holder = hold_lock(tmp_path / "m.db", 0.5)
+    for _ in range(5):
+        with lock.hold(0.005) as held:
+            assert not held
+    started = time.monotonic()
+    with lock.hold(10.0) as held:
+        waited = time.monotonic() - started
+        assert held
+    holder.wait()
+    assert waited < 5.0  # woken by the release (~0.5 s), not by its 10 s timeout
+    assert lock.waiting_helpers() == 0
+    lock.close()
