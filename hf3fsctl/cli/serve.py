@@ -37,6 +37,8 @@ def is_loopback(host: str) -> bool:
 def read_token(path: str) -> str:
     """The bearer token in `path` (surrounding whitespace removed).
 
+    A file that group or others may read is warned about (one line, with the fix).
+
     Raises:
         ConfigError: the file cannot be read or is empty.
     """
@@ -49,6 +51,12 @@ def read_token(path: str) -> str:
         ) from None
     if not token:
         raise ConfigError(f"server.token_file: {path!r} is empty")
+    mode = Path(path).stat().st_mode
+    if mode & 0o077:  # one line, never the token itself
+        output.warning(
+            f"token file {path} is readable by group or others (mode {mode & 0o777:o}): "
+            f"fix it with `chmod 600 {path}`"
+        )
     return token
 
 
