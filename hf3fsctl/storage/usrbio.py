@@ -71,6 +71,7 @@ logger = logging.getLogger(__name__)
 DEFAULT_BOUNCE_BYTES = 64 * 1024 * 1024
 RING_ENTRIES = 1024
 DEFAULT_TIMEOUT_S = 30.0
+SHM_DIR = "/dev/shm"  # where SharedMemory (and so every iov) lives on Linux
 
 
 def _address(view: memoryview) -> int:
@@ -236,7 +237,20 @@ class UsrbioEngine:
         return self._io.make_ioring(self.mount_point, self.ring_entries, reading, 0)
 
     def _new_region(self, nbytes: int) -> _Region:
-        """Shared memory of `nbytes` made an iov (the daemon maps it as the link appears)."""
+        """Shared memory of `nbytes` made an iov (the daemon maps it as the link appears).
+
+        Raises:
+            StorageError: /dev/shm has no room for it. (A tmpfs past its size does not
+                fail the allocation: it kills the process with SIGBUS on first touch.)
+        """
+        stat = os.statvfs(SHM_DIR)
+        free = stat.f_bavail * stat.f_frsize
+        if free < nbytes:
+            raise StorageError(
+                f"{SHM_DIR} has {free >> 20} MiB free, a USRBIO iov needs {nbytes >> 20} MiB",
+                hint="give the container more shared memory (docker --shm-size) or lower "
+                "connector.staging_bytes",
+            )
         shm = SharedMemory(size=nbytes, create=True)
         try:
             iov = self._io.make_iovec(shm, self.mount_point, 0, -1)
@@ -426,13 +440,15 @@ class UsrbioEngine:
             with state.lock:
                 try:
                     self._register(file)
-                except OSError as exc:
+                    rounds = self._rounds(state, file, items)
+                except (OSError, StorageError) as exc:
+                    what = exc.message if isinstance(exc, StorageError) else f"register_fd: {exc}"
                     for item in items:
                         results[item.index] = PageResult(
-                            item.page, False, ERROR_IO, None, f"USRBIO register_fd: {exc}"
+                            item.page, False, ERROR_IO, None, f"USRBIO {what}"
                         )
-                    items = []
-                for round_items in self._rounds(state, file, items):
+                    rounds = []
+                for round_items in rounds:
                     done = self._run(state, file.fd, round_items, deadline)
                     for item in round_items:
                         results[item.index] = self._complete(
@@ -523,19 +539,19 @@ class UsrbioEngine:
                 if not completions and time.monotonic() >= deadline:
                     break
         except OSError as exc:
-            logger.warning("USRBIO %s ring failed: %s", "read" if state.reading else "write", exc)
-            in_flight = max(in_flight, 1)
+            self._retire(state, f"failed ({exc})")
+            return done
         if in_flight or queue:
-            self._retire(state)
+            self._count("timeouts")
+            self._retire(state, f"timed out after {self.timeout_s:g} s")
         return done
 
-    def _retire(self, state: _Ring) -> None:
-        """Never reuse a ring (or its bounce iov) with I/O still in flight."""
-        self._count("timeouts")
+    def _retire(self, state: _Ring, why: str) -> None:
+        """Never reuse a ring (or its bounce iov) that may still have I/O in flight."""
         logger.warning(
-            "USRBIO %s ring timed out after %.0f s; opening a fresh ring",
+            "USRBIO %s ring %s; the next batch opens a fresh one",
             "read" if state.reading else "write",
-            self.timeout_s,
+            why,
         )
         self._retired.append((state.ring, state.bounce))
         state.ring = None
