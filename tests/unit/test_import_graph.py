@@ -8,6 +8,7 @@ are parsed, not imported, so nothing here needs vLLM or torch.
 from __future__ import annotations
 
 import ast
+import json
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -198,3 +199,91 @@ def test_importing_the_tier_loads_no_vllm_and_no_torch() -> None:
         [sys.executable, "-c", probe], capture_output=True, text=True, check=True, cwd=REPO
     )
     assert done.stdout.strip() == "[]"
+
+
+# The core library: what runs without vLLM and without the CLI (docs/design.md, "Rules of
+# the shape"). Each name is a module or a package with everything under it.
+CORE = (
+    "hf3fsctl.config",
+    "hf3fsctl.keys",
+    "hf3fsctl.errors",
+    "hf3fsctl.storage",
+    "hf3fsctl.meta",
+    "hf3fsctl.staging",
+    "hf3fsctl.tier",
+    "hf3fsctl.health",
+    "hf3fsctl.prompt_keys",
+    "hf3fsctl.ops",
+)
+# What the core must do without: importing any of these fails in the probe below.
+OUTSIDE_THE_CORE = ("vllm", "hf3fsctl.cli", "hf3fsctl.vllm_tools", "hf3fsctl_connector")
+# A module of the CLI: imported among the core ones, it must be the one that fails (the
+# proof that the probe blocks what it says).
+CONTROL = "hf3fsctl.cli.main"
+
+IMPORT_EACH_BLOCKED = """
+import importlib, json, sys
+BLOCKED = {blocked!r}
+class Block:
+    def find_spec(self, name, path=None, target=None):
+        if any(name == b or name.startswith(b + ".") for b in BLOCKED):
+            raise ImportError(f"blocked: {{name}}")
+sys.meta_path.insert(0, Block())
+failed = {{}}
+for name in {names!r}:
+    for loaded in [m for m in sys.modules if m.split(".")[0] == "hf3fsctl"]:
+        del sys.modules[loaded]  # each module from none of ours (third-party ones stay)
+    try:
+        importlib.import_module(name)
+    except Exception as exc:
+        failed[name] = f"{{type(exc).__name__}}: {{exc}}"
+print(json.dumps(failed))
+"""
+
+
+def core_modules() -> list[str]:
+    return sorted(
+        name
+        for name in modules()
+        if name == "hf3fsctl" or any(name == c or name.startswith(c + ".") for c in CORE)
+    )
+
+
+def test_every_core_module_imports_without_vllm_or_the_cli() -> None:
+    names = [*core_modules(), CONTROL]
+    probe = IMPORT_EACH_BLOCKED.format(blocked=OUTSIDE_THE_CORE, names=names)
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, cwd=REPO, check=True
+    )
+    failed = json.loads(done.stdout)
+    assert sorted(failed) == [CONTROL], failed
+    assert failed[CONTROL].startswith("ImportError: blocked: hf3fsctl.cli")
+    assert {"hf3fsctl.staging", "hf3fsctl.ops.build", "hf3fsctl.meta.store"} <= set(names)
+
+
+def test_the_core_reaches_none_of_vllm_tools_the_cli_or_the_connector() -> None:
+    """Every import counts, in functions too: the core never needs what lies outside it."""
+    edges = graph()
+    outside = ("hf3fsctl.vllm_tools", "hf3fsctl.cli", "hf3fsctl_connector")
+    found = []
+    for start in core_modules():
+        reached, frontier = {start}, [start]
+        while frontier:
+            for child in edges[frontier.pop()]:
+                if child not in reached:
+                    reached.add(child)
+                    frontier.append(child)
+        found += [
+            " -> ".join(_path(edges, start, m)) for m in sorted(reached) if m.startswith(outside)
+        ]
+    assert found == []
+
+
+def test_no_core_module_imports_vllm_even_inside_a_function() -> None:
+    found = sorted(
+        f"{name} imports {imported}"
+        for name in core_modules()
+        for imported in _imported_names(modules()[name])
+        if imported == "vllm" or imported.startswith("vllm.")
+    )
+    assert found == []
