@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
@@ -30,7 +30,8 @@ from .metadata import Hf3fsctlConnectorMetadata
 from .namespace import build_manifest, load_settings
 from .scheduler import SchedulerSide
 from .service import MetadataGuard
-from .stats import Hf3fsctlConnectorStats, Hf3fsctlPromMetrics, StatsRecorder
+from .stats import StatsRecorder
+from .vllm_stats import Hf3fsctlConnectorStats, Hf3fsctlPromMetrics
 from .worker import WorkerSide
 
 if TYPE_CHECKING:
@@ -51,6 +52,10 @@ if TYPE_CHECKING:
     from vllm.v1.request import Request
 
 logger = logging.getLogger(__name__)
+
+# The step metadata is a plain dataclass (the worker side imports no vLLM); vLLM's base
+# class is an ABC with no behaviour, so registering it is all the subclassing it needs.
+KVConnectorMetadata.register(Hf3fsctlConnectorMetadata)
 
 
 def _adopt_vllm_logging() -> None:
@@ -165,7 +170,8 @@ class Hf3fsctlConnector(KVConnectorBase_V1):
 
     def get_kv_connector_stats(self) -> KVConnectorStats | None:
         sides = [side for side in (self.worker_side, self.scheduler_side) if side is not None]
-        return self.stats.take(max(side.health.level for side in sides))
+        data = self.stats.take(max(side.health.level for side in sides))
+        return None if data is None else Hf3fsctlConnectorStats(data=data)
 
     def shutdown(self) -> None:
         if self.worker_side is not None:
@@ -186,7 +192,8 @@ class Hf3fsctlConnector(KVConnectorBase_V1):
         self._scheduler.update_state_after_alloc(request, blocks, num_external_tokens)
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
-        return self._scheduler.build_connector_meta(scheduler_output)
+        # A registered virtual subclass (above), which mypy cannot see.
+        return cast(KVConnectorMetadata, self._scheduler.build_connector_meta(scheduler_output))
 
     def update_connector_output(self, connector_output: KVConnectorOutput) -> None:
         self._scheduler.update_connector_output(connector_output)

@@ -1,7 +1,9 @@
 """Page geometry: vLLM's KV cache tensors as byte segments, checked against reality.
 
-Contract: `kv_segments(kv_caches, kv_cache_config)` turns
-`KVCacheConfig.kv_cache_tensors` (offset, layer_stride, block_stride, layers) into
+Contract: `KVCacheGeometry.from_vllm(kv_cache_config)` copies what the worker side needs
+of vLLM's `KVCacheConfig` into plain data (so the worker side imports no vLLM and can be
+driven without it), and `kv_segments(kv_caches, geometry)` turns its tensor placements
+(offset, layer_stride, block_stride, layers; `KVCacheConfig.kv_cache_tensors`) into
 `hf3fsctl.staging.KVSegment`s over the real backing allocations handed to
 `register_kv_caches`, and verifies every claim against the tensors: each layer's view
 starts at `offset + l*layer_stride` of its allocation, steps `block_stride` bytes per
@@ -12,6 +14,7 @@ are never read back through a geometry we only assumed.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
@@ -21,6 +24,48 @@ from hf3fsctl.staging import KVSegment
 
 if TYPE_CHECKING:
     from vllm.v1.kv_cache_interface import KVCacheConfig
+
+
+@dataclass(frozen=True)
+class TensorPlacement:
+    """Where a set of same-shaped layers sits in one backing allocation (`KVCacheTensor`)."""
+
+    layers: tuple[str, ...]  # layer names, in layer order
+    offset: int  # byte offset of layers[0]'s block 0
+    layer_stride: int  # bytes between the same block of consecutive layers
+    block_stride: int  # bytes between consecutive blocks of one layer
+
+
+@dataclass(frozen=True)
+class KVCacheGeometry:
+    """The stored KV cache group as plain data: what the worker side reads of vLLM's config."""
+
+    num_blocks: int  # blocks per layer
+    page_size_bytes: int  # bytes of one block of one layer (the group spec's page size)
+    layer_names: tuple[str, ...]  # the layers of the stored group
+    tensors: tuple[TensorPlacement, ...]  # every backing allocation, in config order
+
+    @classmethod
+    def from_vllm(cls, kv_cache_config: KVCacheConfig) -> KVCacheGeometry:
+        """The geometry of the one group this connector stores.
+
+        Raises:
+            ConfigError: no single full-attention group (`namespace.kv_group`).
+        """
+        from .namespace import kv_group
+
+        group = kv_group(kv_cache_config)
+        return cls(
+            num_blocks=int(kv_cache_config.num_blocks),
+            page_size_bytes=int(group.kv_cache_spec.page_size_bytes),
+            layer_names=tuple(group.layer_names),
+            tensors=tuple(
+                TensorPlacement(
+                    tuple(t.layers), int(t.offset), int(t.layer_stride), int(t.block_stride)
+                )
+                for t in kv_cache_config.kv_cache_tensors
+            ),
+        )
 
 
 def _byte_view(tensor: torch.Tensor) -> torch.Tensor:
@@ -37,28 +82,22 @@ def _block_extent_bytes(view: torch.Tensor) -> int:
     return span * view.element_size()
 
 
-def kv_segments(
-    kv_caches: dict[str, torch.Tensor], kv_cache_config: KVCacheConfig, layer_names: list[str]
-) -> list[KVSegment]:
+def kv_segments(kv_caches: dict[str, torch.Tensor], geometry: KVCacheGeometry) -> list[KVSegment]:
     """The KV cache as byte segments, in the order their ranges make up a stored page.
 
     Args:
         kv_caches: `register_kv_caches`'s argument, `{layer_name: view}`.
-        kv_cache_config: the engine's KV cache configuration.
-        layer_names: the layers of the stored KV cache group.
+        geometry: the engine's KV cache geometry (`KVCacheGeometry.from_vllm`).
 
     Raises:
         ConfigError: the tensors do not match the configured geometry, or the layout is
             one this connector cannot describe as byte ranges.
     """
-    from .namespace import kv_group
-
-    spec = kv_group(kv_cache_config).kv_cache_spec
-    page = int(spec.page_size_bytes)
-    wanted = set(layer_names)
+    page = geometry.page_size_bytes
+    wanted = set(geometry.layer_names)
     seen: list[str] = []
     segments: list[KVSegment] = []
-    for tensor_spec in kv_cache_config.kv_cache_tensors:
+    for tensor_spec in geometry.tensors:
         layers = [name for name in tensor_spec.layers if name in wanted]
         if not layers:
             continue
@@ -74,10 +113,10 @@ def kv_segments(
         base = _byte_view(first)
         base_ptr = first.untyped_storage().data_ptr()
         num_blocks = int(first.shape[0])
-        if num_blocks != kv_cache_config.num_blocks:
+        if num_blocks != geometry.num_blocks:
             raise ConfigError(
                 f"KV tensor of {layers[0]} has {num_blocks} blocks, the config "
-                f"{kv_cache_config.num_blocks}"
+                f"{geometry.num_blocks}"
             )
         for index, name in enumerate(layers):
             view = kv_caches[name]

@@ -3,6 +3,10 @@
 Contract: `Hf3fsctlConnectorMetadata` is everything a worker needs for one step and is
 pickled to worker processes, so it holds plain data only. Block ids index the KV
 cache's blocks; keys are hex block hashes, one per block id, in prefix order.
+
+Imports no vLLM, so the worker side runs (and is tested on a GPU machine) without it:
+`connector.connector` registers `Hf3fsctlConnectorMetadata` as a virtual subclass of
+vLLM's `KVConnectorMetadata` (an ABC with no behaviour of its own).
 """
 
 from __future__ import annotations
@@ -10,8 +14,6 @@ from __future__ import annotations
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
-
-from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorMetadata
 
 if TYPE_CHECKING:
     from vllm.v1.request import Request
@@ -38,8 +40,8 @@ class SaveJob:
 
 
 @dataclass
-class Hf3fsctlConnectorMetadata(KVConnectorMetadata):
-    """One step's work for the workers."""
+class Hf3fsctlConnectorMetadata:
+    """One step's work for the workers (a `KVConnectorMetadata`, registered by the facade)."""
 
     loads: list[LoadJob] = field(default_factory=list)  # sync: before the forward; async: after
     saves: list[SaveJob] = field(default_factory=list)  # gather in wait_for_save

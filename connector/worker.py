@@ -3,6 +3,10 @@
 Saves and loads themselves are `hf3fsctl.tier` (`WorkerSide.tier`); `connector.jobs`
 turns vLLM's jobs into tier calls and outcomes into counters and failed block ids.
 
+Imports no vLLM (nor does anything it imports): vLLM's objects come in as arguments
+(`KVCacheConfig` is read once into a `KVCacheGeometry`), so the worker side runs, and is
+tested on a GPU machine, without vLLM installed (`tests/gpu/test_worker_cuda.py`).
+
 Contract:
     * `register_kv_caches` derives the page geometry from `kv_cache_tensors`, checks it
       against the tensors (`connector.geometry`), opens the I/O engine and this rank's page
@@ -76,10 +80,9 @@ from hf3fsctl.storage.engine import IOEngine, engine_host_memory, open_engine
 from hf3fsctl.storage.layout import PageFile, rank_file_name, write_manifest
 from hf3fsctl.tier import LoadTarget, PagePieces, StagingRows, Tier
 
-from .geometry import kv_segments
+from .geometry import KVCacheGeometry, kv_segments
 from .jobs import LoadRun, run_load, run_save
 from .metadata import Hf3fsctlConnectorMetadata, LoadJob, SaveJob
-from .namespace import kv_group
 from .service import MetadataGuard
 from .stats import StatsRecorder
 
@@ -121,13 +124,16 @@ def _tp_rank() -> int:
 
 
 class WorkerSide:
-    """Executes the transfers of one rank and reports their results."""
+    """Executes the transfers of one rank and reports their results.
+
+    `kv_cache` is the engine's `KVCacheConfig` or, without vLLM, its `KVCacheGeometry`.
+    """
 
     def __init__(
         self,
         config: Config,
         manifest: NamespaceManifest,
-        kv_cache_config: KVCacheConfig,
+        kv_cache: KVCacheGeometry | KVCacheConfig,
         stats: StatsRecorder,
         *,
         rank: int | None = None,
@@ -138,7 +144,11 @@ class WorkerSide:
         self.staging_prewarm_bytes = staging_prewarm_bytes  # warmed after registration
         self.manifest = manifest
         self.namespace = manifest.namespace_id
-        self.kv_cache_config = kv_cache_config
+        self.geometry = (
+            kv_cache
+            if isinstance(kv_cache, KVCacheGeometry)
+            else KVCacheGeometry.from_vllm(kv_cache)
+        )
         self.stats = stats
         self.rank = _tp_rank() if rank is None else rank
         self.guard = guard or MetadataGuard(config)
@@ -183,8 +193,7 @@ class WorkerSide:
             ConfigError: the KV cache layout cannot be stored (unknown, non-uniform).
             StorageError: the page file cannot be created.
         """
-        layers = list(kv_group(self.kv_cache_config).layer_names)
-        self.segments = kv_segments(kv_caches, self.kv_cache_config, layers)
+        self.segments = kv_segments(kv_caches, self.geometry)
         page_bytes = total_page_bytes(self.segments)
         if page_bytes != self.manifest.page_bytes:
             raise ConfigError(

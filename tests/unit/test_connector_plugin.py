@@ -6,7 +6,7 @@ import functools
 from types import SimpleNamespace
 
 from hf3fsctl_connector.plugin import CONNECTOR_NAME, register
-from hf3fsctl_connector.stats import Hf3fsctlConnectorStats, Hf3fsctlPromMetrics
+from hf3fsctl_connector.vllm_stats import Hf3fsctlConnectorStats, Hf3fsctlPromMetrics
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from vllm.config import KVTransferConfig
 from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory

@@ -293,13 +293,8 @@ def server_metrics(directory: Path) -> set[str]:
 
 def connector_metrics() -> set[str]:
     """The sample names of `Hf3fsctlPromMetrics` after one stats dict with everything."""
-    from hf3fsctl_connector.stats import (
-        COUNTERS,
-        FAILURE_KINDS,
-        LATENCIES,
-        STATE,
-        Hf3fsctlPromMetrics,
-    )
+    from hf3fsctl_connector.stats import COUNTERS, FAILURE_KINDS, LATENCIES, STATE
+    from hf3fsctl_connector.vllm_stats import Hf3fsctlPromMetrics
     from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
     registry = CollectorRegistry()

@@ -201,6 +201,26 @@ def test_importing_the_tier_loads_no_vllm_and_no_torch() -> None:
     assert done.stdout.strip() == "[]"
 
 
+def test_the_connector_worker_side_imports_with_vllm_blocked() -> None:
+    # A GPU node runs the worker side (and tests/gpu drives it) without vLLM: any vLLM
+    # import at module level of the worker or what it imports fails this subprocess.
+    probe = (
+        "import sys\n"
+        "class BlockVllm:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name == 'vllm' or name.startswith('vllm.'):\n"
+        "            raise ImportError('vllm is blocked: ' + name)\n"
+        "sys.meta_path.insert(0, BlockVllm())\n"
+        "import hf3fsctl_connector.worker, hf3fsctl_connector.metadata\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'vllm'))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, cwd=REPO, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
+
+
 # The core library: what runs without vLLM and without the CLI (docs/design.md, "Rules of
 # the shape"). Each name is a module or a package with everything under it.
 CORE = (

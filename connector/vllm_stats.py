@@ -1,0 +1,133 @@
+"""The connector's statistics as vLLM wants them: its stats type and Prometheus metrics.
+
+The only stats module that imports vLLM (the counters themselves are `connector.stats`,
+which the worker side uses without vLLM).
+
+Contract:
+    * `Hf3fsctlConnectorStats` wraps one interval's counts (`StatsRecorder.take()`);
+      vLLM aggregates it across workers (sums, the worst health state, bounded latency
+      samples) and reduces it for its log line.
+    * `Hf3fsctlPromMetrics` turns the aggregated counts into `hf3fsctl:connector_*`
+      counters, a failure counter by kind, the health gauge and a latency histogram.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, cast
+
+from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (
+    KVConnectorPromMetrics,
+    KVConnectorStats,
+    PromMetric,
+    PromMetricT,
+)
+
+from .stats import FAILURE_KINDS, LATENCIES, MAX_SAMPLES, STATE, empty_counts, gbps, is_empty
+
+
+@dataclass
+class Hf3fsctlConnectorStats(KVConnectorStats):
+    """Counts of one interval, aggregated across workers by vLLM."""
+
+    def __post_init__(self) -> None:
+        if not self.data:
+            self.reset()
+
+    def reset(self) -> None:
+        self.data = empty_counts()
+
+    def aggregate(self, other: KVConnectorStats) -> KVConnectorStats:
+        for name, value in other.data.items():
+            if name == STATE:  # the worst state of any worker
+                self.data[STATE] = max(self.data.get(STATE, 0), value)
+            elif isinstance(value, list):
+                self.data.setdefault(name, []).extend(value[:MAX_SAMPLES])
+            else:
+                self.data[name] = self.data.get(name, 0) + value
+        return self
+
+    def reduce(self) -> dict[str, int | float]:
+        data = self.data
+        out: dict[str, int | float] = {
+            name: data.get(name, 0)
+            for name in ("hit_tokens", "blocks_loaded", "blocks_saved", "misses")
+        }
+        out["load_GBps"] = round(gbps(data.get("bytes_loaded", 0), data.get("load_seconds", 0)), 3)
+        out["save_GBps"] = round(gbps(data.get("bytes_saved", 0), data.get("save_seconds", 0)), 3)
+        out["failed_blocks"] = sum(data.get(f"failed_{kind}", 0) for kind in FAILURE_KINDS)
+        for name in LATENCIES:
+            samples = data.get(name) or []
+            if samples:
+                out[f"avg_{name.removesuffix('_s')}_ms"] = round(
+                    1000 * sum(samples) / len(samples), 2
+                )
+        return out
+
+    def is_empty(self) -> bool:
+        return is_empty(self.data)
+
+
+_COUNTER_HELP = {
+    "hit_tokens": "Tokens loaded from hf3fsctl instead of prefilled",
+    "blocks_loaded": "KV blocks loaded from hf3fsctl",
+    "bytes_loaded": "Bytes loaded from hf3fsctl",
+    "blocks_saved": "KV blocks saved to hf3fsctl",
+    "bytes_saved": "Bytes saved to hf3fsctl",
+    "misses": "Requests served as a miss because the metadata service failed",
+    "invalidated": "Keys dropped from the store because a load found them corrupt",
+}
+
+
+class Hf3fsctlPromMetrics(KVConnectorPromMetrics):
+    """Prometheus counters and latency histograms of the connector, per engine."""
+
+    def __init__(
+        self,
+        vllm_config: Any,
+        metric_types: dict[type[PromMetric], type[PromMetricT]],
+        labelnames: list[str],
+        per_engine_labelvalues: dict[int, list[object]],
+    ) -> None:
+        super().__init__(vllm_config, metric_types, labelnames, per_engine_labelvalues)
+        self._counter_cls_any = cast(Any, self._counter_cls)
+        self._histogram_cls_any = cast(Any, self._histogram_cls)
+        self._counters: dict[str, Any] = {}
+        for name, doc in _COUNTER_HELP.items():
+            self._counters[name] = self._counter_cls_any(
+                name=f"hf3fsctl:connector_{name}", documentation=doc, labelnames=labelnames
+            )
+        self._failures: Any = self._counter_cls_any(
+            name="hf3fsctl:connector_failed_blocks",
+            documentation="Blocks whose load or save failed, by kind",
+            labelnames=[*labelnames, "kind"],
+        )
+        self._state: Any = cast(Any, self._gauge_cls)(
+            name="hf3fsctl:connector_state",
+            documentation="Connector health: 0 ok, 1 degraded (saves failing), "
+            "2 disabled (storage unusable: every lookup a miss)",
+            labelnames=labelnames,
+            multiprocess_mode="mostrecent",
+        )
+        self._latency: Any = self._histogram_cls_any(
+            name="hf3fsctl:connector_latency_seconds",
+            documentation="Latency of connector operations (lookup, load, save)",
+            labelnames=[*labelnames, "op"],
+            buckets=[0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0],
+        )
+
+    def observe(self, transfer_stats_data: dict[str, Any], engine_idx: int = 0) -> None:
+        labels = self.per_engine_labelvalues.get(engine_idx, [])
+        if STATE in transfer_stats_data:
+            self._state.labels(*labels).set(transfer_stats_data[STATE])
+        for name, counter in self._counters.items():
+            value = transfer_stats_data.get(name, 0)
+            if value:
+                counter.labels(*labels).inc(value)
+        for kind in FAILURE_KINDS:
+            value = transfer_stats_data.get(f"failed_{kind}", 0)
+            if value:
+                self._failures.labels(*labels, kind).inc(value)
+        for name in LATENCIES:
+            for seconds in transfer_stats_data.get(name) or []:
+                self._latency.labels(*labels, name.removesuffix("_s")).observe(seconds)
