@@ -448,11 +448,17 @@ class UsrbioEngine:
                             item.page, False, ERROR_IO, None, f"USRBIO {what}"
                         )
                     rounds = []
+                failure: str | None = None  # once a ring is retired, the batch stops
                 for round_items in rounds:
-                    done = self._run(state, file.fd, round_items, deadline)
+                    done: dict[int, int] = {}
+                    if failure is None:
+                        done, failure = self._run(state, file.fd, round_items, deadline)
                     for item in round_items:
-                        results[item.index] = self._complete(
-                            item, done.get(item.index), expected, reading
+                        moved = done.get(item.index)
+                        results[item.index] = (
+                            PageResult(item.page, False, ERROR_IO, None, f"USRBIO {failure}")
+                            if moved is None
+                            else self._complete(item, moved, expected, reading)
                         )
         return [
             r if r is not None else PageResult(-1, False, ERROR_IO, None, "lost") for r in results
@@ -488,14 +494,21 @@ class UsrbioEngine:
             state.bounce = self._new_region(max(self.bounce_bytes, slot_bytes))
         return state.bounce
 
-    def _run(self, state: _Ring, fd: int, items: list[_Item], deadline: float) -> dict[int, int]:
-        """Prepare, submit and reap `items`; each one's result (bytes or -errno) by index.
+    def _run(
+        self, state: _Ring, fd: int, items: list[_Item], deadline: float
+    ) -> tuple[dict[int, int], str | None]:
+        """Prepare, submit and reap `items`.
 
-        Items missing from the answer timed out (or the ring failed under them).
+        Returns:
+            Each item's result (bytes moved or -errno) by index, and None, or why the
+            items missing from it have none (a timeout, a failed ring: retired).
         """
         done: dict[int, int] = {}
-        if state.ring is None:
-            state.ring = self._make_ring(state.reading)
+        try:
+            if state.ring is None:
+                state.ring = self._make_ring(state.reading)
+        except OSError as exc:
+            return done, f"could not open a ring: {exc}"
         ring = state.ring
         for item in items:
             if not state.reading and not item.direct:
@@ -539,14 +552,13 @@ class UsrbioEngine:
                 if not completions and time.monotonic() >= deadline:
                     break
         except OSError as exc:
-            self._retire(state, f"failed ({exc})")
-            return done
+            return done, self._retire(state, f"ring failed: {exc}")
         if in_flight or queue:
             self._count("timeouts")
-            self._retire(state, f"timed out after {self.timeout_s:g} s")
-        return done
+            return done, self._retire(state, f"timed out after {self.timeout_s:g} s")
+        return done, None
 
-    def _retire(self, state: _Ring, why: str) -> None:
+    def _retire(self, state: _Ring, why: str) -> str:
         """Never reuse a ring (or its bounce iov) that may still have I/O in flight."""
         logger.warning(
             "USRBIO %s ring %s; the next batch opens a fresh one",
@@ -556,17 +568,16 @@ class UsrbioEngine:
         self._retired.append((state.ring, state.bounce))
         state.ring = None
         state.bounce = None
+        return why
 
     def _complete(
         self,
         item: _Item,
-        moved: int | None,
+        moved: int,
         expected: Sequence[str | None] | None,
         reading: bool,
     ) -> PageResult:
         page = item.page
-        if moved is None:
-            return PageResult(page, False, ERROR_IO, None, f"timed out after {self.timeout_s} s")
         if moved < 0:
             return PageResult(page, False, ERROR_IO, None, f"USRBIO: {os.strerror(-moved)}")
         if moved < item.size:

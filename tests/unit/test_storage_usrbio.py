@@ -164,6 +164,21 @@ def test_iov_backed_staging_rows_move_without_a_copy(usrbio: UsrbioEngine, file:
     assert pool.counters()["shared_allocations"] == 2
 
 
+def test_a_pool_switched_to_iov_memory_drops_its_plain_buffers(
+    usrbio: UsrbioEngine, file: PageFile
+) -> None:
+    pool = StagingPool(1 << 20, pin=False)
+    plain = pool.acquire(2, 5000)
+    assert plain is not None
+    pool.use_host_memory(engine_host_memory(usrbio))
+    plain.release()  # plain memory comes back: dropped, not cached for the next lease
+    with pool.acquire(2, 5000) as rows:
+        assert rows is not None
+        assert all(r.ok for r in usrbio.write_pages(file, [0, 1], rows.rows()))
+    assert usrbio.counters()["copied_pages"] == 0
+    assert pool.counters()["held_bytes"] == pool.counters()["shared_allocations"] * 16384
+
+
 def test_tier_save_then_load_is_byte_exact_with_one_copy(
     tmp_path: Path, mount: fake.FakeMount, usrbio: UsrbioEngine
 ) -> None:
@@ -250,17 +265,18 @@ def test_a_hung_daemon_is_a_timeout_then_a_fresh_ring(
     mount: fake.FakeMount, file: PageFile
 ) -> None:
     engine = open_usrbio(mount, timeout_s=0.5)
+    pages = list(range(6))  # two rounds of the 4-slot bounce iov
     try:
-        data = pages_of(3)
-        assert all(r.ok for r in engine.write_pages(file, [0, 1, 2], data))
+        data = pages_of(6)
+        assert all(r.ok for r in engine.write_pages(file, pages, data))
         mount.stall()
         started = time.monotonic()
-        stuck = engine.read_pages(file, [0, 1, 2], [bytearray(5000) for _ in data])
+        stuck = engine.read_pages(file, pages, [bytearray(5000) for _ in data])
         assert time.monotonic() - started < 10.0  # bounded by the 0.5 s timeout
         assert all(r.error == "io" and "timed out" in (r.detail or "") for r in stuck)
         mount.resume()
         out = [bytearray(5000) for _ in data]
-        assert all(r.ok for r in engine.read_pages(file, [0, 1, 2], out))
+        assert all(r.ok for r in engine.read_pages(file, pages, out))
         assert [bytes(b) for b in out] == data
         assert engine.counters()["timeouts"] == 1
     finally:
