@@ -160,7 +160,7 @@ app.add_typer(
 def main() -> None:
     """Console-script entry point (`hf3fsctl`, `python -m hf3fsctl`)."""
     try:
-        app()
+        app(prog_name="hf3fsctl")  # also under `python -m hf3fsctl` (usage, completion)
     except Hf3fsctlError as exc:  # raised outside a command (e.g. while parsing)
         sys.exit(report_error(exc))
     except KeyboardInterrupt:
