@@ -73,7 +73,9 @@ if TYPE_CHECKING:
 
 OPS = ("ping", "lookup", "locate", "alloc_commit", "full_1ns", "full_8ns")
 FULL_OPS = ("full_1ns", "full_8ns")
-MODES = ("embedded", "serve")
+MODES = ("embedded", "serve", "in-tree", "redis", "serve-redis")
+# Modes that need a program this machine may lack: skipped (and said so) when it does.
+OPTIONAL_MODES = ("in-tree", "redis", "serve-redis")
 OP_LABELS = {
     "ping": "ping (1-key lookup)",
     "lookup": "lookup 1,000 keys",
@@ -274,14 +276,20 @@ class StoreSpec:
     root: str | None = None  # storage root (embedded clients' policy: punching works)
     high: float = 0.95
     low: float = 0.85
+    replicas: tuple[str, ...] = ()  # several servers of one store: client i uses i mod n
 
-    def client(self, timeout_s: float = 120.0) -> MetadataClient:
-        """A client of this store (embedded: its own `MetadataStore` in this process)."""
+    def client(self, timeout_s: float = 120.0, worker: int = 0) -> MetadataClient:
+        """A client of this store (embedded: its own `MetadataStore` in this process;
+        `in-tree+http://`: vLLM's in-tree server through its own client)."""
+        from hf3fsctl.bench.metadata_peers import IN_TREE_SCHEME, InTreeClient
         from hf3fsctl.meta.client import open_metadata_client
         from hf3fsctl.meta.policy import StorePolicy
 
+        url = self.replicas[worker % len(self.replicas)] if self.replicas else self.url
+        if url.startswith(IN_TREE_SCHEME):
+            return InTreeClient(url)  # type: ignore[return-value]  # the cells' calls only
         return open_metadata_client(
-            self.url,
+            url,
             timeout_s=timeout_s,
             token=self.token,
             high_watermark=self.high,
@@ -502,14 +510,24 @@ def _free_port() -> int:
 class Server:
     """A real `hf3fsctl serve` on loopback over one store, with a token."""
 
-    def __init__(self, directory: Path, spec: StoreSpec, db: Path, workers: int) -> None:
+    def __init__(
+        self,
+        directory: Path,
+        spec: StoreSpec,
+        db: Path | None,
+        workers: int,
+        metadata_url: str | None = None,
+        name: str | None = None,
+    ) -> None:
         self.directory = directory
         self.spec = spec
         self.db = db
         self.workers = workers
+        self.metadata_url = metadata_url or f"sqlite:///{db}"
+        self.name = name or spec.name
         self.port = _free_port()
         self.token = secrets.token_hex(16)
-        self.log_path = directory / f"serve-{spec.name}.log"
+        self.log_path = directory / f"serve-{self.name}.log"
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -518,14 +536,14 @@ class Server:
 
     def start(self, timeout_s: float = 60.0) -> Server:
         """Write its config and token, start it, and wait for `/healthz`."""
-        token_file = self.directory / f"token-{self.spec.name}"
+        token_file = self.directory / f"token-{self.name}"
         token_file.write_text(self.token + "\n")
         token_file.chmod(0o600)
         root = self.spec.root or str(self.directory / f"storage-{self.spec.name}")
-        config = self.directory / f"serve-{self.spec.name}.yaml"
+        config = self.directory / f"serve-{self.name}.yaml"
         config.write_text(
             f"storage:\n  path: {json.dumps(root)}\n"
-            f"metadata:\n  url: {json.dumps('sqlite:///' + str(self.db))}\n"
+            f"metadata:\n  url: {json.dumps(self.metadata_url)}\n"
             f"  high_watermark: {self.spec.high!r}\n  low_watermark: {self.spec.low!r}\n"
             f"server:\n  workers: {self.workers}\n"
         )
@@ -553,7 +571,9 @@ class Server:
 
     def store_spec(self) -> StoreSpec:
         """How clients reach this store through the server."""
-        return dataclasses.replace(self.spec, url=self.url, token=self.token, root=None)
+        return dataclasses.replace(
+            self.spec, url=self.url, token=self.token, root=None, replicas=()
+        )
 
     def rss(self) -> int:
         """Resident set of the server's process tree."""
@@ -691,7 +711,7 @@ def _client_main(
     last call), and `in_flight[worker]` holds the start of the call under way (0: none).
     """
     try:
-        client = spec.client()
+        client = spec.client(worker=worker)
         call, warm = _operation(client, spec, op, worker, tag)
         warm()
     except BaseException as exc:
@@ -934,6 +954,7 @@ def run(
     modes: list[dict[str, Any]] = []
     rows: list[dict[str, Any]] = []
     skipped: list[str] = []
+    skipped_modes: dict[str, str] = {}
     try:
         if settings.url is not None:
             skipped = [op for op in ops if op in FULL_OPS]
@@ -945,7 +966,8 @@ def run(
         else:
             pristine: dict[str, tuple[StoreSpec, Path]] = {}
             fill_started = time.monotonic()
-            for name in _stores_needed(ops):
+            sqlite_modes = [m for m in settings.modes if m not in OPTIONAL_MODES]
+            for name in _stores_needed(ops) if sqlite_modes else []:
                 say(f"filling store {name}: {settings.entries:,} entries")
                 pristine[name] = _create_store(
                     workdir / "pristine", name, settings.entries, f"{tag}-stored", run_id
@@ -959,10 +981,22 @@ def run(
                 "chunk": FILL_CHUNK,
             }
             for mode in settings.modes:
-                mode_doc, mode_rows = _run_mode(
-                    mode, settings, ops, pristine, workdir / mode, tag, say
-                )
-                mode_doc["fill"] = fill
+                if mode in OPTIONAL_MODES:
+                    try:
+                        mode_doc, mode_rows = _run_peer(
+                            mode, settings, ops, workdir / mode, tag, run_id, say
+                        )
+                    except MetadataUnavailable as exc:
+                        if exc.hint is None:  # it started and then failed: a real error
+                            raise
+                        say(f"mode {mode} skipped: {exc} ({exc.hint})")
+                        skipped_modes[mode] = str(exc)
+                        continue
+                else:
+                    mode_doc, mode_rows = _run_mode(
+                        mode, settings, ops, pristine, workdir / mode, tag, say
+                    )
+                    mode_doc["fill"] = fill
                 modes.append(mode_doc)
                 rows += mode_rows
     finally:
@@ -998,14 +1032,16 @@ def run(
         },
         "reference": {
             "name": "in-tree vLLM hf3fs metadata server",
-            "measured": "earlier, on this machine kind (2 cores); not this run",
-            "ops": {f"{op}@{c}": v for (op, c), v in IN_TREE.items()},
+            "measured": "in this run (mode in-tree), where a cell has its in-tree twin; "
+            "else recorded earlier on this machine kind (2 cores)",
+            "recorded_ops": {f"{op}@{c}": v for (op, c), v in IN_TREE.items()},
             "rss_bytes_per_key": IN_TREE_BYTES_PER_KEY,
         },
         "modes": modes,
         "rows": rows,
         "full_store": _full_store(rows),
         "skipped": skipped,
+        "skipped_modes": skipped_modes,
         "seconds": time.monotonic() - started,
     }
 
@@ -1081,6 +1117,115 @@ def _run_mode(
     return {"mode": label, "url": url, "memory": memory}, rows
 
 
+IN_TREE_SPARE_PAGES = 1 << 20  # pages beyond the filled ones, for the alloc_commit cells
+
+
+def _fill_spec(spec: StoreSpec, chunk: int) -> float:
+    """Fill `spec`'s first namespace with its entries through its client; seconds taken."""
+    client = spec.client()
+    began = time.monotonic()
+    try:
+        for start in range(0, spec.entries, chunk):
+            stop = min(spec.entries, start + chunk)
+            _store_chunk(client, spec, spec.namespaces[0], start, stop)
+    finally:
+        client.close()
+    return time.monotonic() - began
+
+
+def _register_main(spec: StoreSpec, manifest: dict[str, Any]) -> None:
+    """Register the benchmark's namespace and rank file on an empty store, unbounded."""
+    client = spec.client()
+    try:
+        client.set_capacity(UNBOUNDED_BYTES)
+        client.register_namespace(spec.namespaces[0], manifest)
+        client.register_rank(spec.namespaces[0], _rank_file(spec.namespaces[0]))
+    finally:
+        client.close()
+
+
+def _run_peer(
+    mode: str,
+    settings: MetadataSettings,
+    ops: list[str],
+    directory: Path,
+    tag: str,
+    run_id: str,
+    say: report.Progress,
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """One of the `OPTIONAL_MODES`, on a store of its own (no full-store cells).
+
+    `in-tree`: vLLM's in-tree server; `redis`: clients straight to a private Redis;
+    `serve-redis`: two `hf3fsctl serve` replicas on that Redis, clients split between them.
+
+    Raises:
+        MetadataUnavailable: with a hint when the program is missing here (the mode is
+            skipped), without one when it started and failed.
+    """
+    from hf3fsctl.bench.metadata_peers import InTreeServer, RedisServer
+
+    say(f"mode {mode}")
+    directory.mkdir(parents=True, exist_ok=True)
+    main_ops = [op for op in ops if op not in FULL_OPS]
+    stored_tag = f"{tag}-stored"
+    fill: dict[str, Any] = {"entries_per_store": settings.entries, "stores": ["main"]}
+    note = "its own store: no full-store cells (they need capacity, files and eviction)"
+    if mode == "in-tree":
+        with InTreeServer(directory, settings.entries + IN_TREE_SPARE_PAGES) as server:
+            assert server.process is not None
+            spec = StoreSpec("main", server.url, None, ("in-tree",), stored_tag, settings.entries)
+            before = rss_bytes(server.process.pid)
+            fill["seconds"] = _fill_spec(spec, FILL_CHUNK)
+            memory = _memory(settings.entries, before, rss_bytes(server.process.pid), None)
+            memory["process"] = "vLLM's in-tree metadata server, before/after the fill"
+            rows = _cells(mode, spec, main_ops, settings, tag, say)
+        url = server.url
+    else:
+        manifest = _manifest(f"hf3fsctl-bench/{run_id}/{mode}")
+        namespace = _namespace_id(manifest)
+        with RedisServer(directory / "redis") as redis:
+            assert redis.process is not None
+            spec = StoreSpec("main", redis.url(), None, (namespace,), stored_tag, settings.entries)
+            _register_main(spec, manifest)
+            before = rss_bytes(redis.process.pid)
+            fill["seconds"] = _fill_spec(spec, FILL_CHUNK)
+            memory = _memory(settings.entries, before, rss_bytes(redis.process.pid), None)
+            memory["process"] = "redis-server, before/after the fill"
+            if mode == "redis":
+                rows = _cells(mode, spec, main_ops, settings, tag, say)
+                url = redis.url()
+            else:
+                rows, url = _cells_on_replicas(
+                    mode, spec, redis.url(), directory, settings, main_ops, tag, say
+                )
+    fill["entries_per_s"] = settings.entries / fill["seconds"] if fill["seconds"] else None
+    return {"mode": mode, "url": url, "memory": memory, "fill": fill, "note": note}, rows
+
+
+def _cells_on_replicas(
+    mode: str,
+    spec: StoreSpec,
+    redis_url: str,
+    directory: Path,
+    settings: MetadataSettings,
+    ops: list[str],
+    tag: str,
+    say: report.Progress,
+) -> tuple[list[dict[str, Any]], str]:
+    """The cells through two `serve` replicas of one Redis store (one shared token)."""
+    first = Server(directory, spec, None, settings.workers, redis_url, name="replica-a")
+    second = Server(directory, spec, None, settings.workers, redis_url, name="replica-b")
+    second.token = first.token
+    try:
+        first.start()
+        second.start()
+        served = dataclasses.replace(first.store_spec(), replicas=(first.url, second.url))
+        return _cells(mode, served, ops, settings, tag, say), f"{first.url},{second.url}"
+    finally:
+        first.stop()
+        second.stop()
+
+
 def _store_keys(spec: StoreSpec) -> int:
     """Keys committed in the store's namespaces now."""
     client = spec.client()
@@ -1151,11 +1296,24 @@ def _run_url(
 
 
 def _add_ratios(rows: list[dict[str, Any]]) -> None:
+    """÷ ping of the same mode; ÷ in-tree: its cell in this run, else the recorded figure."""
     ping = {(r["mode"], r["clients"]): r["ops"] for r in rows if r["op"] == "ping"}
+    same_run = {
+        (r["op"], r["clients"]): {k: r[k] for k in ("ops", "p50_ms", "p99_ms")}
+        for r in rows
+        if r["mode"] == "in-tree" and r["ops"]
+    }
     for row in rows:
         row["ratio_to_ping"] = report.ratio(row["ops"], ping.get((row["mode"], row["clients"])))
-        bar = IN_TREE.get((row["op"], row["clients"]))
+        if row["mode"] == "in-tree":
+            row["in_tree"], row["in_tree_ratio"], row["in_tree_source"] = None, None, None
+            continue
+        cell = (row["op"], row["clients"])
+        bar = same_run.get(cell) or IN_TREE.get(cell)
         row["in_tree"] = bar
+        row["in_tree_source"] = (
+            None if bar is None else ("this run" if cell in same_run else "recorded")
+        )
         row["in_tree_ratio"] = report.ratio(row["ops"], bar["ops"]) if bar else None
 
 
@@ -1229,7 +1387,9 @@ def render(document: dict[str, Any]) -> RenderableType:
     for r in document["rows"]:
         bar = r.get("in_tree") or {}
         in_tree = ", ".join(
-            f"{v:g} {k.replace('_ms', ' ms').replace('ops', '/s')}" for k, v in bar.items()
+            f"{report.fmt(v, 1 if k == 'ops' else 2)} {k.replace('_ms', ' ms').replace('ops', '/s')}"
+            for k, v in bar.items()
+            if v is not None
         )
         rows.append(
             [

@@ -9,6 +9,7 @@ speed is what the benchmarks measure, not what the tests assert.
 from __future__ import annotations
 
 import json
+import shutil
 import threading
 from pathlib import Path
 from typing import Any
@@ -207,6 +208,35 @@ def test_bench_metadata_against_the_server_it_starts(tmp_path: Path) -> None:
     for row in document["rows"]:
         _assert_latencies(row)
     assert document["full_store"] == []  # 8 namespaces without 1: nothing to compare
+
+
+def test_bench_metadata_measures_the_in_tree_server_and_redis_in_the_same_run(
+    tmp_path: Path,
+) -> None:
+    if shutil.which("redis-server") is None:
+        pytest.skip("redis-server is not installed (make test installs it)")
+    args = _metadata_args(tmp_path, "--mode", "in-tree,redis,serve-redis", "--clients", "1")
+    document = json.loads(_invoke([*args, "--ops", "lookup,alloc_commit,full_1ns"]).stdout)
+    assert [m["mode"] for m in document["modes"]] == ["in-tree", "redis", "serve-redis"]
+    assert document["skipped_modes"] == {}
+    replicas = document["modes"][2]["url"].split(",")
+    assert len(replicas) == 2 and all(u.startswith("http://127.0.0.1:") for u in replicas)
+    rows = {(r["mode"], r["op"]): r for r in document["rows"]}
+    assert set(rows) == {
+        (mode, op)
+        for mode in ("in-tree", "redis", "serve-redis")
+        for op in ("ping", "lookup", "alloc_commit")
+    }  # no full-store cells on stores of their own
+    for (mode, op), row in rows.items():
+        _assert_latencies(row)
+        if op == "alloc_commit":
+            assert row["committed_keys"] == 64 * row["calls"] > 0
+        if mode == "in-tree":
+            assert row["in_tree_ratio"] is None
+        else:  # the ratio is to the in-tree cell of this very run
+            twin = rows[("in-tree", op)]
+            assert row["in_tree_source"] == "this run"
+            assert row["in_tree_ratio"] == pytest.approx(row["ops"] / twin["ops"])
 
 
 def test_bench_metadata_against_a_running_server(tmp_path: Path) -> None:
