@@ -30,7 +30,12 @@ Modes: `embedded` (`sqlite:///`, each client its own process sharing one databas
 as the workers of a node do), `serve` (a real `hf3fsctl serve` this starts on loopback,
 with a token; each client its own process with its own keep-alive connection), or a
 running server given by URL (loopback only; its own store, so no full-store cells, and
-the benchmark's namespaces are dropped afterwards). Clients are processes, not threads,
+the benchmark's namespaces are dropped afterwards). Beside them, on stores of their own
+(no full-store cells): `in-tree` (vLLM's own hf3fs metadata server, through its own
+client: the reference every cell's "÷ in-tree" is measured against in the same run),
+`redis` (clients straight to a private `redis-server`) and `serve-redis` (two `serve`
+replicas on that Redis, clients split between them); a mode whose program is missing
+here is skipped and listed in `skipped_modes`. Clients are processes, not threads,
 so client-side Python shares no GIL with the server or with each other; on a 2-core
 machine they share the cores with the server, so the figures include the clients' CPU.
 Each cell runs for `seconds` after every client is connected and warmed up.
