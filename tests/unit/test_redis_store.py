@@ -374,8 +374,13 @@ def test_the_change_log_is_a_stream_written_by_commits_and_removals(redis_url: s
         _save(store, ns, _keys(3))
         store.evict(EvictRequest(max_entries=1))
         raw = store._redis.xrange("{hf3fsctl}:changes")
-        assert [entry_id for entry_id, _ in raw] == ["0-1", "0-2", "0-3", "0-4"]
-        assert [int(fields["delta"]) for _, fields in raw] == [1, 1, 1, -1]
+        # one entry per run of one namespace and sign, its id the run's last seq
+        assert [
+            (entry_id, fields["delta"], len(fields["keys"].split())) for entry_id, fields in raw
+        ] == [
+            ("0-3", "1", 3),
+            ("0-4", "-1", 1),
+        ]
         log = store.changes(2)
         assert [(c.seq, c.delta) for c in log.changes] == [(3, 1), (4, -1)]
         assert (log.next_seq, log.missed) == (4, False)

@@ -249,12 +249,22 @@ def list_pins(client: Redis, prefix: str, namespace: str | None, limit: int) -> 
     ]
 
 
+def _run_changes(entry_id: str, fields: dict[str, str]) -> list[tuple[int, str, str, int]]:
+    """The (seq, namespace, key, delta) of one stream entry: a run ending at its id."""
+    last = int(entry_id.split("-")[1])
+    keys = fields["keys"].split(" ")
+    first = last - len(keys) + 1
+    return [(first + i, fields["ns"], key, int(fields["delta"])) for i, key in enumerate(keys)]
+
+
 def read_changes(
     client: Redis, prefix: str, since: int, namespace: str | None, limit: int
 ) -> ChangeLog:
-    """Rows of the change log (a stream with ids `0-SEQ`) after `since`, at most `limit`.
+    """Changes of the log after `since`, at most `limit` (as SQLite's `changes` rows).
 
-    `since = -1` starts at the log's end. `missed` says rows after `since` were trimmed.
+    The log is a stream whose entries are runs of changes (`common.lua`'s
+    `flush_changes`), ids `0-SEQ` of each run's last change. `since = -1` starts at the
+    log's end. `missed` says changes after `since` were trimmed.
     """
     from hf3fsctl.meta.models import Change, ChangeLog
 
@@ -263,20 +273,24 @@ def read_changes(
         return ChangeLog(changes=[], next_seq=max(since, last) if since >= 0 else last)
     stream = f"{prefix}changes"
     oldest = client.xrange(stream, "-", "+", count=1)
-    oldest_seq = int(oldest[0][0].split("-")[1]) if oldest else None
+    oldest_seq = _run_changes(*oldest[0])[0][0] if oldest else None
     missed = oldest_seq is None or oldest_seq > since + 1
-    rows = client.xrange(stream, f"(0-{since}", "+", count=limit)
-    next_seq = int(rows[-1][0].split("-")[1]) if rows else last
+    rows: list[tuple[int, str, str, int]] = []
+    start = f"(0-{since}"
+    while len(rows) < limit:
+        entries = client.xrange(stream, start, "+", count=max(1, min(limit, 1000)))
+        if not entries:
+            break
+        for entry_id, fields in entries:
+            rows.extend(row for row in _run_changes(entry_id, fields) if row[0] > since)
+        start = f"({entries[-1][0]}"
+    rows = rows[:limit]
+    next_seq = rows[-1][0] if rows else last
     return ChangeLog(
         changes=[
-            Change(
-                seq=int(entry_id.split("-")[1]),
-                namespace=fields["ns"],
-                key=fields["key"],
-                delta=int(fields["delta"]),  # type: ignore[arg-type]
-            )
-            for entry_id, fields in rows
-            if namespace is None or fields["ns"] == namespace
+            Change(seq=seq, namespace=ns, key=key, delta=delta)  # type: ignore[arg-type]
+            for seq, ns, key, delta in rows
+            if namespace is None or ns == namespace
         ],
         next_seq=next_seq,
         missed=missed,

@@ -19,18 +19,26 @@ local ek = k_e(ns, rank)
 
 local allocated, existing, new_keys, depth_of = {}, {}, {}, {}
 local deadline = NOW + pending_timeout
+local deadline_s = f6(deadline)
+local wanted = {}
 for i = at, #ARGV, 2 do
-  local key, depth = ARGV[i], tonumber(ARGV[i + 1])
-  depth_of[key] = depth
-  local e = unpack_entry(redis.call('HGET', ek, key))
+  wanted[#wanted + 1] = ARGV[i]
+  depth_of[ARGV[i]] = tonumber(ARGV[i + 1])
+end
+local known = hmget_all(ek, wanted)
+local entry_args, pend_args = {}, {}
+for i, key in ipairs(wanted) do
+  local e = unpack_entry(known[i])
   if e == nil then
     new_keys[#new_keys + 1] = key
   elseif e.state == 0 and e.deadline < NOW then  -- a dead writer's page: regrant it
-    e.deadline = deadline
-    e.depth = depth
-    e.created = math.max(e.created, NOW)
-    redis.call('HSET', ek, key, pack_entry(e))
-    redis.call('ZADD', k_pend(ns, rank), f6(deadline), key)
+    e.deadline, e.deadline_s = deadline, deadline_s
+    e.depth = depth_of[key]
+    if NOW > e.created then e.created, e.created_s = NOW, NOW_S end
+    entry_args[#entry_args + 1] = key
+    entry_args[#entry_args + 1] = pack_entry(e)
+    pend_args[#pend_args + 1] = deadline_s
+    pend_args[#pend_args + 1] = key
     allocated[#allocated + 1] = key
     allocated[#allocated + 1] = e.page
   else
@@ -212,15 +220,20 @@ for i, key in ipairs(new_keys) do
   if p == nil then
     no_space[#no_space + 1] = key
   else
-    local e = {state = 0, page = p[1], depth = depth_of[key], created = NOW, last = NOW,
-      hits = 0, deadline = deadline, lease = 0, freeat = p[2], size = 0, checksum = ''}
-    redis.call('HSET', ek, key, pack_entry(e))
-    redis.call('ZADD', k_pend(ns, rank), f6(deadline), key)
+    local e = {state = 0, page = p[1], depth = depth_of[key], created_s = NOW_S, last_s = NOW_S,
+      hits = 0, deadline_s = deadline_s, lease_s = ZERO_S, freeat = p[2], size = 0, checksum = ''}
+    if p[2] == 0 then e.freeat_s = ZERO_S end
+    entry_args[#entry_args + 1] = key
+    entry_args[#entry_args + 1] = pack_entry(e)
+    pend_args[#pend_args + 1] = deadline_s
+    pend_args[#pend_args + 1] = key
     allocated[#allocated + 1] = key
     allocated[#allocated + 1] = p[1]
     granted = granted + 1
   end
 end
+call_chunked('HSET', ek, entry_args, 2)
+call_chunked('ZADD', k_pend(ns, rank), pend_args, 2)
 if granted > 0 then redis.call('HINCRBY', k_rf(ns, rank), 'used', granted) end
 redis.call('HSET', k_ns(ns), 'last_used', f6(NOW))
 flush_changes()

@@ -42,6 +42,11 @@ local CHANGES_KEEP = 200000
 
 -- entries --------------------------------------------------------------------------
 -- "state page depth created last_access hits deadline lease_until page_free_at size checksum"
+-- Times keep the text they were read as (`*_s`): a field a script did not change is
+-- written back as it was, with no float formatting (the costliest part of a rewrite).
+local NOW_S = f6(NOW)
+local ZERO_S = '0.000000'
+
 local function unpack_entry(v)
   if not v then return nil end
   local s, page, depth, created, last, hits, deadline, lease, freeat, size, sum = string.match(
@@ -51,27 +56,59 @@ local function unpack_entry(v)
     created = tonumber(created), last = tonumber(last), hits = tonumber(hits),
     deadline = tonumber(deadline), lease = tonumber(lease), freeat = tonumber(freeat),
     size = tonumber(size), checksum = sum,
+    created_s = created, last_s = last, deadline_s = deadline, lease_s = lease, freeat_s = freeat,
   }
 end
 
 local function pack_entry(e)
-  return string.format('%d %d %d %.6f %.6f %d %.6f %.6f %.6f %d %s', e.state, e.page, e.depth,
-    e.created, e.last, e.hits, e.deadline, e.lease, e.freeat, e.size, e.checksum or '')
+  return table.concat({e.state, e.page, e.depth, e.created_s or f6(e.created),
+    e.last_s or f6(e.last), e.hits, e.deadline_s or f6(e.deadline), e.lease_s or f6(e.lease),
+    e.freeat_s or f6(e.freeat), e.size, e.checksum or ''}, ' ')
 end
 
 -- the change log ---------------------------------------------------------------------
+-- Each stream entry is a run of consecutive changes of one namespace and sign: fields
+-- `ns`, `delta`, `keys` (space-separated); its id is 0-SEQ of the run's last change, so
+-- the run's changes are SEQ-n+1 … SEQ. Trimmed by id: the newest CHANGES_KEEP changes.
 local CHANGES = {}
 local function change(ns, key, delta) CHANGES[#CHANGES + 1] = {ns, key, delta} end
 local function flush_changes()
   if #CHANGES == 0 then return end
   local last = redis.call('INCRBY', K_SEQ, #CHANGES)
   local seq = last - #CHANGES
-  for _, c in ipairs(CHANGES) do
-    seq = seq + 1
-    redis.call('XADD', K_CHANGES, 'MAXLEN', '~', CHANGES_KEEP, '0-' .. seq,
-      'ns', c[1], 'key', c[2], 'delta', c[3])
+  local i = 1
+  while i <= #CHANGES do
+    local ns, delta = CHANGES[i][1], CHANGES[i][3]
+    local keys = {}
+    while i <= #CHANGES and CHANGES[i][1] == ns and CHANGES[i][3] == delta and #keys < 1000 do
+      keys[#keys + 1] = CHANGES[i][2]
+      i = i + 1
+    end
+    seq = seq + #keys
+    redis.call('XADD', K_CHANGES, 'MINID', '~', '0-' .. math.max(0, last - CHANGES_KEEP),
+      '0-' .. seq, 'ns', ns, 'delta', delta, 'keys', table.concat(keys, ' '))
   end
   CHANGES = {}
+end
+
+-- batched commands ----------------------------------------------------------------------
+-- HMGET of any number of fields (chunks under Lua's argument limit), aligned with `fields`.
+local function hmget_all(key, fields, first)
+  local out = {}
+  first = first or 1
+  for i = first, #fields, 1000 do
+    local values = redis.call('HMGET', key, unpack(fields, i, math.min(i + 999, #fields)))
+    for j = 1, #values do out[i - first + j] = values[j] end
+  end
+  return out
+end
+
+-- `cmd key args…` over a flat list of arguments, in chunks of whole items of `per`.
+local function call_chunked(cmd, key, args, per)
+  local step = per * 500
+  for i = 1, #args, step do
+    redis.call(cmd, key, unpack(args, i, math.min(i + step - 1, #args)))
+  end
 end
 
 -- namespaces and rank files -----------------------------------------------------------

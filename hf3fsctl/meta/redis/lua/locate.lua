@@ -3,35 +3,35 @@
 local ns, rank, lease_s = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 ns_ranks(ns)
 local ek = k_e(ns, rank)
-local lk = k_lru(ns)
-local out = {}
-local found = 0
+local values = hmget_all(ek, ARGV, 4)
+local out, entry_args, lru_args = {}, {}, {}
 local until_ = NOW + lease_s
-for i = 4, #ARGV, 1000 do
-  local last = math.min(i + 999, #ARGV)
-  local values = redis.call('HMGET', ek, unpack(ARGV, i, last))
-  for j, v in ipairs(values) do
-    local e = unpack_entry(v)
-    if e and e.state == 1 then
-      local key = ARGV[i + j - 1]
-      e.hits = e.hits + 1
-      e.last = NOW
-      if until_ > e.lease then e.lease = until_ end
-      redis.call('HSET', ek, key, pack_entry(e))
-      redis.call('ZADD', lk, f6(NOW), key)
-      out[#out + 1] = e.page
-      out[#out + 1] = e.checksum
-      out[#out + 1] = e.size
-      found = found + 1
-    else
-      out[#out + 1] = -1
-      out[#out + 1] = ''
-      out[#out + 1] = 0
-    end
+local until_s = f6(until_)
+local stamp = NOW_S
+for j = 1, #ARGV - 3 do
+  local e = unpack_entry(values[j])
+  if e and e.state == 1 then
+    local key = ARGV[j + 3]
+    e.hits = e.hits + 1
+    e.last_s = NOW_S
+    if until_ > e.lease then e.lease_s = until_s end
+    entry_args[#entry_args + 1] = key
+    entry_args[#entry_args + 1] = pack_entry(e)
+    lru_args[#lru_args + 1] = stamp
+    lru_args[#lru_args + 1] = key
+    out[#out + 1] = e.page
+    out[#out + 1] = e.checksum
+    out[#out + 1] = e.size
+  else
+    out[#out + 1] = -1
+    out[#out + 1] = ''
+    out[#out + 1] = 0
   end
 end
-if found > 0 then
-  redis.call('HINCRBY', k_ns(ns), 'hits', found)
-  redis.call('HSET', k_ns(ns), 'last_used', f6(NOW))
+if #entry_args > 0 then
+  call_chunked('HSET', ek, entry_args, 2)
+  call_chunked('ZADD', k_lru(ns), lru_args, 2)
+  redis.call('HINCRBY', k_ns(ns), 'hits', #entry_args / 2)
+  redis.call('HSET', k_ns(ns), 'last_used', stamp)
 end
 return out
