@@ -369,6 +369,9 @@ class ServerConfig(ConfigSection):
     workers: int = _field(
         1, "server processes sharing the port (at most one per core)", ge=1, le=64
     )
+    log_format: Literal["text", "json"] = _field(
+        "text", "serve's logs: text (uvicorn's lines) or json (one object per line)"
+    )
 
 
 class ConnectorConfig(ConfigSection):

@@ -3,7 +3,9 @@
 - Results for people: Rich tables and lines on stdout.
 - Results for programs: `--json` prints exactly one JSON document on stdout, and
   nothing else goes to stdout (progress bars are off).
-- Diagnostics, warnings, errors and hints: stderr, never mixed into a result.
+- Diagnostics, warnings, errors and hints: stderr, never mixed into a result; or, for
+  a service whose stderr is a log stream (`serve --log-format json`), log records
+  (`log_instead`).
 
 Rich consoles resolve `sys.stdout`/`sys.stderr` when they write, so test runners that
 swap the streams see everything.
@@ -12,6 +14,7 @@ swap the streams see everything.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
 from collections.abc import Iterator, Mapping, Sequence
@@ -31,6 +34,13 @@ if TYPE_CHECKING:
 _PIPE_WIDTH = None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 160
 stdout = Console(highlight=False, width=_PIPE_WIDTH)
 stderr = Console(stderr=True, highlight=False, soft_wrap=True)
+_log: logging.Logger | None = None  # set by `log_instead`
+
+
+def log_instead(logger: logging.Logger | None) -> None:
+    """Send `info`, `warning` and `error` to `logger` (None: back to the terminal)."""
+    global _log
+    _log = logger
 
 
 def print_json(document: Any) -> None:
@@ -51,16 +61,25 @@ def line(message: str, style: str | None = None) -> None:
 
 def info(message: str) -> None:
     """A diagnostic for people, on stderr."""
+    if _log is not None:
+        _log.info("%s", message)
+        return
     stderr.print(Text(message, style="dim"))
 
 
 def warning(message: str) -> None:
     """A warning, on stderr."""
+    if _log is not None:
+        _log.warning("%s", message)
+        return
     stderr.print(Text.assemble(("Warning: ", "bold yellow"), message))
 
 
 def error(message: str, hint: str = "") -> None:
     """An error and the next step to try, on stderr."""
+    if _log is not None:
+        _log.error("%s%s", message, f" (hint: {hint})" if hint else "")
+        return
     stderr.print(Text.assemble(("Error: ", "bold red"), message))
     if hint:
         stderr.print(Text.assemble(("Hint: ", "bold"), hint))

@@ -88,6 +88,15 @@ def serve(
         int | None,
         typer.Option("--workers", min=1, help="Server processes (default: server.workers, 1)."),
     ] = None,
+    log_format: Annotated[
+        str | None,
+        typer.Option(
+            "--log-format",
+            metavar="text|json",
+            help="text (uvicorn's lines) or json (one JSON object per line, token masked; "
+            "default: server.log_format).",
+        ),
+    ] = None,
 ) -> None:
     """Run the metadata service that vLLM instances on many nodes share."""
     cfg = context.load(
@@ -98,9 +107,17 @@ def serve(
             "server.port": port,
             "server.token_file": str(token_file) if token_file else None,
             "server.workers": workers,
+            "server.log_format": log_format,
         },
     )
     server = cfg.server
+    if server.log_format == "json":  # every line from here on is a JSON log record
+        import logging
+
+        from hf3fsctl.meta.server_logs import configure
+
+        configure("json", log_level)  # run_server adds the token to what is masked
+        output.log_instead(logging.getLogger("hf3fsctl.serve"))
     token = read_token(server.token_file) if server.token_file else None
     if token is None and not is_loopback(server.host):
         if not insecure:
@@ -157,5 +174,6 @@ def serve(
         log_level=log_level,
         workers=server.workers,
         policy=policy,
+        log_format=server.log_format,
         store_options=store_options,
     )
