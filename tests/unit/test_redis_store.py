@@ -417,3 +417,89 @@ def test_sentinel_finds_the_master_and_follows_a_failover(sentinel_cluster: Any)
         assert len(_save(store, ns, _keys(4, start=16))) == 4  # and writes to it
     finally:
         store.close()
+
+
+# --- serve in front of Redis; TLS -------------------------------------------------------
+
+
+@pytest.mark.integration
+def test_serve_replicas_on_one_redis_are_one_store(redis_url: str, tmp_path: Path) -> None:
+    from helpers.servers import ServerProcess
+
+    config = tmp_path / "hf3fs.yaml"
+    config.write_text(f"storage:\n  path: {tmp_path / 'no-root'}\nmetadata:\n  url: {redis_url}\n")
+    replicas = [
+        ServerProcess(
+            config=config,
+            db_path=tmp_path / "unused.db",
+            port=free_port(),
+            token=None,
+            log_path=tmp_path / f"serve-{i}.log",
+        ).start()
+        for i in range(2)
+    ]
+    clients = [open_metadata_client(replica.url, timeout_s=10) for replica in replicas]
+    try:
+        ns = _namespace(clients[0])
+        _save(clients[0], ns, _keys(12))
+        assert clients[1].lookup(ns, _keys(12)) == 12  # the other replica sees it at once
+        assert clients[1].allocate(ns, 0, _keys(12)).existing == _keys(12)
+        replicas[0].stop()
+        assert clients[1].health()["store"] == "redis"
+        direct = RedisMetadataStore(MetadataUrl.parse(redis_url))
+        assert direct.stats().namespaces[0].lookups == 1  # counted in Redis, not a process
+        direct.close()
+    finally:
+        for client in clients:
+            client.close()
+        for replica in replicas:
+            replica.stop()
+
+
+def _tls_files(directory: Path) -> tuple[Path, Path, Path]:
+    """A CA and a server certificate for 127.0.0.1 signed by it (openssl, ~0.2 s)."""
+    import subprocess
+
+    ca_key, ca, key, csr, cert = (
+        directory / name for name in ("ca.key", "ca.pem", "server.key", "server.csr", "server.pem")
+    )
+    ext = directory / "ext.cnf"
+    ext.write_text("subjectAltName = IP:127.0.0.1\n")
+    commands = [
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", ca_key,
+         "-out", ca, "-days", "1", "-subj", "/CN=hf3fsctl test CA"],
+        ["openssl", "req", "-newkey", "rsa:2048", "-nodes", "-keyout", key, "-out", csr,
+         "-subj", "/CN=127.0.0.1"],
+        ["openssl", "x509", "-req", "-in", csr, "-CA", ca, "-CAkey", ca_key,
+         "-CAcreateserial", "-out", cert, "-days", "1", "-extfile", ext],
+    ]  # fmt: skip
+    for command in commands:
+        subprocess.run([str(c) for c in command], check=True, capture_output=True)
+    return ca, cert, key
+
+
+def test_rediss_verifies_the_server_against_the_ca_file(tmp_path: Path) -> None:
+    ca, cert, key = _tls_files(tmp_path)
+    tls_port = free_port()
+    server = redis_server(
+        tmp_path / "tls",
+        settings=[
+            f"tls-port {tls_port}",
+            f"tls-cert-file {cert}",
+            f"tls-key-file {key}",
+            f"tls-ca-cert-file {ca}",
+            "tls-auth-clients no",
+        ],
+    )
+    try:
+        url = f"rediss://127.0.0.1:{tls_port}/0"
+        store = open_metadata_client(url, timeout_s=5, ca_file=str(ca))
+        ns = _namespace(store)
+        assert store.get_namespace(ns).id == ns
+        store.close()
+        untrusted = open_metadata_client(url, timeout_s=5)  # the system's CAs: not ours
+        with pytest.raises(MetadataUnavailable, match="certificate"):
+            untrusted.namespaces()
+        untrusted.close()
+    finally:
+        server.stop()

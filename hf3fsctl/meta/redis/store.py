@@ -632,6 +632,8 @@ class RedisMetadataStore:
         """
         for ns in namespace_ids:
             check_namespace_id(ns)
+        for ns in dict.fromkeys(namespace_ids):  # all or none: an unknown one drops nothing
+            self.get_namespace(ns)
         dropped = []
         for ns in dict.fromkeys(namespace_ids):
             keys, held, paths, writing = self._run("drop_namespace", [ns, int(dry_run)])
