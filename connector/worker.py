@@ -63,7 +63,13 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from hf3fsctl.config import Config
-from hf3fsctl.errors import ConfigError, Hf3fsctlError, NamespaceConflict, StorageError
+from hf3fsctl.errors import (
+    ConfigError,
+    Hf3fsctlError,
+    NamespaceConflict,
+    StorageError,
+    StoreFormatError,
+)
 from hf3fsctl.health import ConnectorHealth
 from hf3fsctl.keys import NamespaceManifest
 from hf3fsctl.meta.models import Location, RankFile
@@ -361,6 +367,9 @@ class WorkerSide:
                 self._disable(
                     f"page file unusable: {exc}", "check the storage with `hf3fsctl doctor`"
                 )
+                return False
+            except StoreFormatError as exc:  # newer store, or an older one not migrated
+                self._disable(exc.message, f"{exc.hint}; the connector retries by itself")
                 return False
             except Hf3fsctlError as exc:
                 logger.warning("registering rank %d deferred: %s", self.rank, exc)

@@ -266,3 +266,52 @@ def test_backup_of_a_remote_store_is_refused_with_where_to_run_it(
     assert result.exit_code != 0
     assert hint in result.stderr, result.stderr  # type: ignore[attr-defined]
     assert not (tmp_path / "out.db").exists()
+
+
+# --- the connector ---------------------------------------------------------------------
+
+
+def test_a_connector_over_an_older_store_is_disabled_with_the_fix_then_recovers(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    from helpers.connector_harness import make_harness, make_kv_caches
+    from hf3fsctl_connector.metadata import Hf3fsctlConnectorMetadata, SaveJob
+    from hf3fsctl_connector.namespace import load_settings
+    from hf3fsctl_connector.stats import StatsRecorder
+    from hf3fsctl_connector.worker import WorkerSide
+
+    from hf3fsctl.config import build_config
+    from hf3fsctl.health import read_status
+
+    harness = make_harness(tiny_model_dir, tmp_path / "fresh")
+    storage = tmp_path / "old"
+    storage.mkdir()
+    schema_1_store(storage / "metadata.db", keys(3, salt="old"))
+    config = build_config(
+        [
+            ("base", load_settings(harness.vllm_config).to_dict()),
+            (
+                "test",
+                {
+                    "storage.path": str(storage),
+                    "metadata.url": f"sqlite:///{storage}/metadata.db",
+                    "metadata.retry_backoff_s": 0,
+                    "connector.storage_retry_s": 0,
+                },
+            ),
+        ]
+    )
+    worker = WorkerSide(config, harness.worker.manifest, harness.kv_cache_config, StatsRecorder())
+    try:
+        worker.register_kv_caches(make_kv_caches(harness.kv_cache_config)[1])  # no exception
+        assert "format 1" in (worker.disabled or "")
+        mine = [r for r in read_status() if r["pid"] == worker.health.snapshot().pid]
+        assert any("hf3fsctl migrate" in r["fix"] for r in mine if r["state"] == "disabled")
+        migrate(storage / "metadata.db")
+        save = Hf3fsctlConnectorMetadata(saves=[SaveJob("s", [5], [f"{1:032x}"], 0)])
+        worker.wait_for_save(save)  # dropped while disabled; starts the retry
+        assert worker.drain(10)
+        assert worker.disabled is None
+    finally:
+        worker.shutdown()
+        harness.close()
