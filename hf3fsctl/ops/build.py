@@ -67,15 +67,42 @@ class BuildResult:
     seconds: float  # time spent compiling and linking (0 when reused)
 
 
-def _torch_flags(cuda: bool) -> tuple[list[str], list[str], list[str]]:
-    import torch
-    from torch.utils import cpp_extension
+def cuda_home(nvcc: str | None = None) -> Path | None:
+    """The CUDA toolkit's root: the first of `$CUDA_HOME`, `$CUDA_PATH`, the directory
+    above nvcc's `bin/`, and /usr/local/cuda that holds `include/cuda_runtime.h`."""
+    candidates = [os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH")]
+    if nvcc is not None:
+        candidates.append(str(Path(nvcc).resolve().parent.parent))
+    candidates.append("/usr/local/cuda")
+    for home in candidates:
+        if home and Path(home, "include", "cuda_runtime.h").is_file():
+            return Path(home)
+    return None
 
-    device = "cuda" if cuda else "cpu"
-    includes = [f"-I{path}" for path in cpp_extension.include_paths(device)]
+
+def _torch_flags(cuda: bool, nvcc: str | None = None) -> tuple[list[str], list[str], list[str]]:
+    """Include flags, defines and link flags for the running torch (and the CUDA toolkit).
+
+    The paths are torch's own layout (what `torch.utils.cpp_extension` computes), worked
+    out here because that module imports setuptools, which a GPU node may not have.
+    """
+    import torch
+
+    torch_dir = Path(torch.__file__).resolve().parent
+    include_dirs = [
+        torch_dir / "include",
+        torch_dir / "include" / "torch" / "csrc" / "api" / "include",
+    ]
+    lib_dirs = [torch_dir / "lib"]
+    home = cuda_home(nvcc) if cuda else None
+    if home is not None:
+        if home / "include" != Path("/usr/include"):  # gcc dislikes -I/usr/include
+            include_dirs.append(home / "include")
+        lib64 = home / "lib64"
+        lib_dirs.append(lib64 if lib64.is_dir() or not (home / "lib").is_dir() else home / "lib")
+    includes = [f"-I{path}" for path in include_dirs]
     abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
     defines = [f"-D_GLIBCXX_USE_CXX11_ABI={abi}", "-DTORCH_EXTENSION_NAME=hf3fsctl_ops"]
-    lib_dirs = cpp_extension.library_paths(device)
     libs = ["-lc10", "-ltorch_cpu", "-ltorch"]
     if cuda:
         libs += ["-lc10_cuda", "-ltorch_cuda", "-lcudart"]
@@ -94,16 +121,17 @@ def find_cxx() -> str | None:
 
 
 def find_nvcc() -> str | None:
-    """nvcc: under `$CUDA_HOME` (or what torch found as CUDA home), else on PATH."""
-    homes = [os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH")]
-    if not any(homes):
-        from torch.utils import cpp_extension
-
-        homes.append(cpp_extension.CUDA_HOME)
-    for home in homes:
-        if home and Path(home, "bin", "nvcc").is_file():
-            return str(Path(home, "bin", "nvcc"))
-    return shutil.which("nvcc")
+    """nvcc: `$CUDA_HOME/bin/nvcc` (or `$CUDA_PATH`) when that is set, and nowhere else;
+    otherwise the one on PATH, else /usr/local/cuda/bin/nvcc (as torch looks for it)."""
+    home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
+    if home:
+        named = Path(home, "bin", "nvcc")
+        return str(named) if named.is_file() else None
+    found = shutil.which("nvcc")
+    if found is not None:
+        return found
+    fallback = Path("/usr/local/cuda/bin/nvcc")
+    return str(fallback) if fallback.is_file() else None
 
 
 def cuda_available_to_build() -> bool:
@@ -132,7 +160,8 @@ def check_toolchain(cuda: bool) -> Toolchain:
     if cuda:
         nvcc = find_nvcc()
         if nvcc is None:
-            missing.append("nvcc not found")
+            home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
+            missing.append(f"nvcc not found{f' in {home}/bin' if home else ''}")
             hints.append("install the CUDA toolkit or set CUDA_HOME")
         if torch.version.cuda is None:
             missing.append(f"torch {torch.__version__} is a CPU-only build")
@@ -159,7 +188,7 @@ def _commands(
 ) -> list[tuple[str, list[str], Path]]:
     """(source name, command, object file) for every compile step."""
     cuda = tools.nvcc is not None
-    includes, defines, _ = _torch_flags(cuda)
+    includes, defines, _ = _torch_flags(cuda, tools.nvcc)
     python_include = f"-I{sysconfig.get_path('include')}"
     cxxflags = ["-O3", "-std=c++20", "-fPIC", "-Wall", *defines, *includes]
     if openmp:
@@ -242,7 +271,7 @@ def build(
                 if result.stderr.strip():
                     sys.stderr.write(result.stderr)
                 say(f"compiled {name} ({done}/{len(steps)})")
-        _, _, link = _torch_flags(cuda)
+        _, _, link = _torch_flags(cuda, tools.nvcc)
         staged = Path(tmp) / LIBRARY_NAME
         omp = ["-fopenmp"] if openmp else []
         objects = [str(obj) for _, _, obj in steps]
