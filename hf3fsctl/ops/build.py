@@ -134,8 +134,20 @@ def find_nvcc() -> str | None:
     return str(fallback) if fallback.is_file() else None
 
 
+def require_torch() -> None:
+    """Raise `OpsBuildError` when torch cannot be imported (the ops build against it)."""
+    try:
+        import torch  # noqa: F401
+    except ImportError as exc:
+        raise OpsBuildError(
+            f"cannot build the staging ops: torch is not importable ({exc})",
+            hint="install torch (vLLM brings it) in this environment, then run build-ops again",
+        ) from None
+
+
 def cuda_available_to_build() -> bool:
     """Whether a CUDA build can be the default: torch has CUDA and nvcc is found."""
+    require_torch()
     import torch
 
     return torch.version.cuda is not None and find_nvcc() is not None
@@ -145,8 +157,9 @@ def check_toolchain(cuda: bool) -> Toolchain:
     """The tools for a build, or one error naming every missing piece.
 
     Raises:
-        OpsBuildError: no C++ compiler; with `cuda`, no nvcc or a CPU-only torch.
+        OpsBuildError: no torch; no C++ compiler; with `cuda`, no nvcc or a CPU-only torch.
     """
+    require_torch()
     import torch
 
     missing: list[str] = []

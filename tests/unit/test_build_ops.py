@@ -163,3 +163,28 @@ def test_no_cxx_compiler_is_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     )
     assert "set CXX" in lines[1]
     assert not (tmp_path / "out").exists()
+
+
+def test_no_torch_is_one_error_not_a_traceback() -> None:
+    probe = (
+        "import sys\n"
+        "class Block:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name.split('.')[0] == 'torch':\n"
+        "            raise ImportError('No module named torch')\n"
+        "sys.meta_path.insert(0, Block())\n"
+        "from hf3fsctl.cli.main import main\n"
+        "sys.argv = ['hf3fsctl', 'build-ops', '--cpu']\n"
+        "main()\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **WIDE},
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 8, done.stderr
+    assert done.stderr.startswith("Error: cannot build the staging ops: torch is not importable")
+    assert "Traceback" not in done.stderr
