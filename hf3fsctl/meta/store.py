@@ -34,7 +34,6 @@ handler (16 embedded writer processes: p99 seconds → milliseconds).
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import sqlite3
@@ -181,8 +180,7 @@ class MetadataStore:
         self.pending_timeout_s = float(pending_timeout_s)
         self.durable = durable
         self.background_checkpoint = background_checkpoint
-        self._punch_refused = False  # the file system refused a hole punch: stop relying on it
-        self._punch_probed = False
+        self._puncher = room.HolePuncher(self.policy.storage_root)
         self._local = threading.local()
         self._connections: list[sqlite3.Connection] = []
         self._connections_lock = threading.Lock()
@@ -333,58 +331,15 @@ class MetadataStore:
         )
 
     def _can_punch(self) -> bool:
-        """Whether freed pages' space can go back to the file system from this process.
-
-        Needs the storage root here, and a file system that punches holes: probed once on
-        a scratch file (FUSE mounts often refuse), so eviction never takes other
-        namespaces' keys for space that would not come back.
-        """
-        if self._punch_refused or not self.policy.root_available():
-            return False
-        if self._punch_probed:
-            return True
-        from hf3fsctl.storage.layout import punch_pages
-
-        root = str(self.policy.storage_root)
-        name = f".hf3fsctl-punch-probe-{os.getpid()}-{threading.get_ident()}"
-        try:
-            with open(os.path.join(root, name), "wb") as probe:
-                probe.write(b"\1" * 8192)
-            works = punch_pages(root, name, 4096, [0])
-        except OSError:
-            works = False
-        finally:
-            with contextlib.suppress(OSError):
-                os.unlink(os.path.join(root, name))
-        self._punch_probed = True
-        if not works:
-            self._refuse_punching(root)
-        return works
-
-    def _refuse_punching(self, where: str) -> None:
-        if not self._punch_refused:
-            self._punch_refused = True
-            logger.warning(
-                "cannot give freed pages back to the file system at %s (no hole punching "
-                "there): freed space stays with each page file, and eviction for the "
-                "store's capacity takes only the allocating namespace's own keys",
-                where,
-            )
+        """Whether freed pages' space can go back to the file system from this process
+        (`capacity.HolePuncher`: the storage root is here and punches holes)."""
+        return self._puncher.available()
 
     def _punch(
         self, marked: Sequence[room.GiveBack]
     ) -> tuple[list[room.GiveBack], list[room.GiveBack]]:
         """Punch marked pages; returns (punched, refused)."""
-        from hf3fsctl.storage.layout import punch_pages
-
-        root = str(self.policy.storage_root)
-        done: list[room.GiveBack] = []
-        refused: list[room.GiveBack] = []
-        for item in marked:
-            (done if punch_pages(root, item[2], item[3], item[4]) else refused).append(item)
-        if refused:
-            self._refuse_punching(refused[0][2])
-        return done, refused
+        return self._puncher.punch(marked)
 
     def _give_back(self, marked: Sequence[room.GiveBack]) -> None:
         """Punch pages marked in a committed transaction, then settle their marks."""

@@ -23,8 +23,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -35,6 +33,7 @@ from pydantic import TypeAdapter
 from hf3fsctl.config import parse_amount
 from hf3fsctl.errors import InvalidRequest, MetadataUnavailable, NotFound
 from hf3fsctl.keys import check_keys, check_namespace_id, namespace_id
+from hf3fsctl.meta.capacity import GiveBack, HolePuncher
 from hf3fsctl.meta.models import (
     AllocateResult,
     Allocation,
@@ -76,9 +75,6 @@ _SETTLE_WAIT_S = 0.002
 _LOCATIONS = TypeAdapter(list[Location | None])
 _ALLOCATE_RESULT = TypeAdapter(AllocateResult)
 
-# (namespace, rank, relpath, slot_bytes, pages) of one file's pages to give back.
-GiveBack = tuple[str, int, str, int, list[int]]
-
 
 def _require_keys(keys: Sequence[str]) -> None:
     if not isinstance(keys, CheckedKeys):
@@ -90,68 +86,6 @@ def _marks(reply: Sequence[Any]) -> list[GiveBack]:
         (str(ns), int(r), str(path), int(slot), [int(p) for p in pages])
         for ns, r, path, slot, pages in reply
     ]
-
-
-class HolePuncher:
-    """Gives freed pages' disk space back to the file system from this process.
-
-    Needs the storage root here and a file system that punches holes, probed once on a
-    scratch file (FUSE mounts often refuse); after a refusal it stops relying on it, so
-    eviction never takes other namespaces' keys for space that would not come back.
-    """
-
-    def __init__(self, storage_root: str | None) -> None:
-        self.root = storage_root
-        self._probed = False
-        self._refused = False
-
-    def available(self) -> bool:
-        """Whether freed space can be given back from this process."""
-        if self._refused or self.root is None or not os.path.isdir(self.root):
-            return False
-        if not self._probed:
-            from hf3fsctl.storage.layout import punch_pages
-
-            name = f".hf3fsctl-punch-probe-{os.getpid()}-{threading.get_ident()}"
-            path = os.path.join(self.root, name)
-            try:
-                with open(path, "wb") as probe:
-                    probe.write(b"\1" * 8192)
-                works = punch_pages(self.root, name, 4096, [0])
-            except OSError:
-                works = False
-            finally:
-                try:
-                    os.unlink(path)
-                except OSError:
-                    pass
-            self._probed = True
-            if not works:
-                self._refuse(self.root)
-        return not self._refused
-
-    def punch(self, marked: Sequence[GiveBack]) -> tuple[list[GiveBack], list[GiveBack]]:
-        """Punch the marked pages; returns (punched, refused)."""
-        from hf3fsctl.storage.layout import punch_pages
-
-        done: list[GiveBack] = []
-        refused: list[GiveBack] = []
-        for item in marked:
-            ok = self.root is not None and punch_pages(self.root, item[2], item[3], item[4])
-            (done if ok else refused).append(item)
-        if refused:
-            self._refuse(refused[0][2])
-        return done, refused
-
-    def _refuse(self, where: str) -> None:
-        if not self._refused:
-            self._refused = True
-            logger.warning(
-                "cannot give freed pages back to the file system at %s (no hole punching "
-                "there): freed space stays with each page file, and eviction for the "
-                "store's capacity takes only the allocating namespace's own keys",
-                where,
-            )
 
 
 class RedisMetadataStore:
