@@ -46,11 +46,22 @@ def redis_binaries_missing() -> list[str]:
     return [name for name in ("redis-server", "redis-sentinel") if shutil.which(name) is None]
 
 
-def _connect(port: int, timeout_s: float = 1.0) -> Any:
+def connect_port(port: int, timeout_s: float = 1.0) -> Any:
+    """A new `redis.Redis` on 127.0.0.1:`port` (the caller closes it).
+
+    redis-py's own retries are off: by default it retries a failed connection 3 times
+    with a back-off of up to seconds, which would hide a dead server behind a slow call.
+    """
     import redis
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
 
     return redis.Redis(
-        host=HOST, port=port, socket_timeout=timeout_s, socket_connect_timeout=timeout_s
+        host=HOST,
+        port=port,
+        socket_timeout=timeout_s,
+        socket_connect_timeout=timeout_s,
+        retry=Retry(NoBackoff(), 0),
     )
 
 
@@ -124,7 +135,7 @@ class RedisServer:
 
     def client(self, timeout_s: float = 1.0) -> Any:
         """A new `redis.Redis` connected to this process (the caller closes it)."""
-        return _connect(self.port, timeout_s)
+        return connect_port(self.port, timeout_s)
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
@@ -212,20 +223,25 @@ class SentinelCluster:
         for server in self.servers:
             server.start()
         deadline = time.monotonic() + timeout_s
-        while not self._ready():
+        while (waiting := self._not_ready()) is not None:
             if time.monotonic() > deadline:
+                logs = "\n".join(
+                    f"--- {s.directory.name}:\n{s.log()[-2000:]}" for s in self.servers
+                )
                 self.stop()
-                raise RuntimeError(f"sentinel cluster not ready in {timeout_s}s")
+                raise RuntimeError(f"sentinel cluster not ready in {timeout_s}s: {waiting}\n{logs}")
             time.sleep(0.1)
         return self
 
-    def _ready(self) -> bool:
+    def _not_ready(self) -> str | None:
+        """What the cluster still waits for (None: ready)."""
         replica = self.replica.client()
         try:
-            if replica.info("replication").get("master_link_status") != "up":
-                return False
+            link = replica.info("replication").get("master_link_status")
         finally:
             replica.close()
+        if link != "up":
+            return f"replica link {link}"
         for server in self.sentinel_servers:
             conn = server.client()
             try:
@@ -234,8 +250,8 @@ class SentinelCluster:
             finally:
                 conn.close()
             if len(replicas) < 1 or len(peers) < self.sentinels - 1:
-                return False
-        return True
+                return f"sentinel {server.port}: {len(replicas)} replicas, {len(peers)} peers"
+        return None
 
     def master_port(self) -> int | None:
         """The port the first live sentinel reports as master now (None if none answers)."""
@@ -259,7 +275,7 @@ class SentinelCluster:
         while time.monotonic() < deadline:
             port = self.master_port()
             if port is not None and port != old_port:
-                conn = _connect(port)
+                conn = connect_port(port)
                 try:
                     if conn.info("replication").get("role") == "master":
                         return port
@@ -321,6 +337,7 @@ def sentinel_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Senti
 __all__ = [
     "RedisServer",
     "SentinelCluster",
+    "connect_port",
     "flush",
     "redis_binaries_missing",
     "redis_server",
