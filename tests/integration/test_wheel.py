@@ -17,6 +17,7 @@ import signal
 import subprocess
 import sys
 import sysconfig
+import tarfile
 import time
 import urllib.request
 import zipfile
@@ -165,7 +166,9 @@ def test_build_makes_an_sdist_and_a_wheel_holding_every_file_of_the_tree(
         if f"{package}/{name}" not in names
     )
     assert missing == []  # a new subpackage or data file not declared in pyproject.toml
-    assert sdist.stat().st_size > 0
+    with tarfile.open(sdist) as archive:  # the wheel was built from it: it holds the sources
+        in_sdist = {Path(n).name for n in archive.getnames() if "/ops/csrc/" in n}
+    assert in_sdist == set(CSRC)
 
 
 def test_the_installed_packages_come_from_the_wheel_not_the_repository(
