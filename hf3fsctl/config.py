@@ -40,8 +40,17 @@ from pydantic.fields import FieldInfo
 from hf3fsctl.errors import ConfigError
 
 ENV_PREFIX = "HF3FSCTL_"
-# Environment variables with the prefix that are not configuration keys.
-RESERVED_ENV = {"HF3FSCTL_CONFIG", "HF3FSCTL_DEBUG", "HF3FSCTL_STATE_DIR"}
+# HF3FSCTL_* variables that are not config keys: the config file, tracebacks, status
+# files, and the staging ops' library, build target and kernel chunk (hf3fsctl.ops.locate,
+# csrc/staging_cuda.cu). Any other HF3FSCTL_* name must be a key, or loading fails.
+RESERVED_ENV = {
+    "HF3FSCTL_CONFIG",
+    "HF3FSCTL_DEBUG",
+    "HF3FSCTL_STATE_DIR",
+    "HF3FSCTL_OPS_LIB",
+    "HF3FSCTL_CUDA_ARCH",
+    "HF3FSCTL_STAGING_CHUNK_BYTES",
+}
 
 _SIZE_UNITS = {
     "": 1,
