@@ -74,6 +74,8 @@ def migrate(
     if not plan.steps or dry_run:
         if json:
             output.print_json(document)
+        elif plan.steps:
+            output.info("dry run: nothing was changed")
         return
     if not yes:
         if not sys.stdin.isatty():

@@ -44,7 +44,7 @@ def format_error(path: str, version: int) -> StoreFormatError:
         )
     return StoreFormatError(
         f"metadata store {path} is in format {version}, older than this hf3fsctl's "
-        f"format {current}: it is not migrated implicitly",
+        f"format {current}, and is not migrated implicitly: run `hf3fsctl migrate`",
         hint=f"stop the older hf3fsctl processes using it, then run `hf3fsctl migrate --db "
         f"{path}` (`--dry-run` first shows the steps)",
         stored=version,
