@@ -53,11 +53,11 @@ T = TypeVar("T")
 SCRIPTS = (
     "allocate",
     "commit",
+    "count_lookup",
     "drop_namespace",
     "evict",
     "invalidate",
     "locate",
-    "lookup",
     "marks",
     "pin",
     "register_namespace",
@@ -140,6 +140,8 @@ def translate(exc: Exception, where: str) -> Hf3fsctlError:
         )
     if isinstance(exc, rex.ResponseError):
         text = str(exc)
+        if " of pipeline caused error: " in text:  # a pipeline names the command first
+            text = text.split(" of pipeline caused error: ", 1)[1]
         kind, _, message = text.partition(" ")
         if kind in _SCRIPT_ERRORS:
             return _SCRIPT_ERRORS[kind](message.split(" script: ")[0].strip())

@@ -140,6 +140,7 @@ def store_stats(
         for f in _rank_files(client, prefix, ns, num_ranks):
             used += int(f["used"])
             live += int(f["used"]) * int(f["slot"])
+        complete = int(client.scard(f"{prefix}done:{ns}"))
         newest = client.zrange(f"{prefix}lru:{ns}", -1, -1, withscores=True)
         accessed = float(newest[0][1]) if newest else None
         pins = len(_live_pins(client, prefix, ns, now))
@@ -152,7 +153,7 @@ def store_stats(
                 id=ns,
                 manifest=json.loads(manifests[ns]),
                 num_ranks=num_ranks,
-                keys=int(c.get("keys", 0)),
+                keys=complete,
                 pages_used=used,
                 bytes_live=live,
                 bytes_used=held.get(ns, 0),
@@ -410,11 +411,9 @@ def invariants(client: Redis, prefix: str) -> list[str]:
         counts = {k: int(v) for k, v in client.hgetall(f"{prefix}c:{ns}").items()}
         if counts != dict(committed):
             problems.append(f"namespace {ns}: committed counts differ from its entries")
-        complete = sum(1 for n in committed.values() if n >= num_ranks)
-        if int(c.get("keys", 0)) != complete:
-            problems.append(
-                f"namespace {ns} counts {c.get('keys')} complete keys but {complete} are"
-            )
+        complete = {key for key, n in committed.items() if n >= num_ranks}
+        if set(client.smembers(f"{prefix}done:{ns}")) != complete:
+            problems.append(f"namespace {ns}: its set of complete keys differs from its entries")
         lru = set(client.zrange(f"{prefix}lru:{ns}", 0, -1))
         if lru != set(committed):
             problems.append(f"namespace {ns}: LRU members differ from its committed keys")

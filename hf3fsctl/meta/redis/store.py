@@ -23,15 +23,17 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
+import redis.exceptions as rex
 from pydantic import TypeAdapter
 
 from hf3fsctl.config import parse_amount
-from hf3fsctl.errors import InvalidRequest, MetadataUnavailable, NotFound
+from hf3fsctl.errors import Hf3fsctlError, InvalidRequest, MetadataUnavailable, NotFound
 from hf3fsctl.keys import check_keys, check_namespace_id, namespace_id
 from hf3fsctl.meta.capacity import GiveBack, HolePuncher
 from hf3fsctl.meta.models import (
@@ -136,6 +138,8 @@ class RedisMetadataStore:
         self._redis = redis_client(target, timeout_s=timeout_s, token=token, ca_file=ca_file)
         self._scripts = load_scripts(self._redis)
         self._puncher = HolePuncher(self.policy.storage_root)
+        self._pending_hits: dict[str, int] = {}  # namespace → hits not yet counted
+        self._hits_lock = threading.Lock()
         self._record_default_capacity()
 
     # --- plumbing ------------------------------------------------------------------------
@@ -257,10 +261,55 @@ class RedisMetadataStore:
     # --- data path -----------------------------------------------------------------------
 
     def lookup(self, namespace: str, keys: Sequence[str]) -> int:
-        """Number of leading `keys` committed on every rank of the namespace."""
+        """Number of leading `keys` committed on every rank of the namespace.
+
+        One pipelined round trip: `SMISMEMBER` on the namespace's set of complete keys
+        (native, no Lua: the hottest call costs Redis ~4x less) and the `count_lookup`
+        script for the traffic counters. The hits a lookup found are added to the
+        counters with this process's next lookup, or at `flush` / `close`.
+        """
         _require_keys(keys)
         check_namespace_id(namespace)
-        return int(self._run("lookup", [namespace, *keys], idempotent=True))
+        with self._hits_lock:
+            pending, self._pending_hits = self._pending_hits, {}
+        counters = [namespace, len(keys)]
+        for ns, hits in pending.items():
+            counters += [ns, hits]
+
+        def run() -> list[Any]:
+            try:
+                return self._lookup_pipeline(namespace, keys, counters)
+            except rex.NoScriptError:  # a fresh server (after a failover): load, ask again
+                script = self._scripts["count_lookup"]
+                self._redis.script_load(script.script)
+                return self._lookup_pipeline(namespace, keys, counters)
+
+        try:
+            replies = call(run, self.url, idempotent=True)
+        except BaseException:
+            with self._hits_lock:  # not counted: keep them for the next lookup
+                for ns, hits in pending.items():
+                    self._pending_hits[ns] = self._pending_hits.get(ns, 0) + hits
+            raise
+        found = 0
+        if keys:
+            for member in replies[0]:
+                if not member:
+                    break
+                found += 1
+        if found:
+            with self._hits_lock:
+                self._pending_hits[namespace] = self._pending_hits.get(namespace, 0) + found
+        return found
+
+    def _lookup_pipeline(
+        self, namespace: str, keys: Sequence[str], counters: list[Any]
+    ) -> list[Any]:
+        pipe = self._redis.pipeline(transaction=False)
+        if keys:
+            pipe.smismember(self._key("done", namespace), list(keys))
+        pipe.evalsha(self._scripts["count_lookup"].sha, 1, self.prefix, *counters)
+        return list(pipe.execute())
 
     def locate(self, namespace: str, rank: int, keys: Sequence[str]) -> list[Location | None]:
         """Committed locations of `keys` on `rank` (None if absent), with a read lease."""
@@ -443,6 +492,7 @@ class RedisMetadataStore:
 
     def stats(self) -> StoreStats:
         """Usage and traffic of every namespace and of the whole store."""
+        self.flush()
         capacity = self.capacity().capacity_bytes
         return self._read(
             lambda: reports.store_stats(
@@ -601,10 +651,23 @@ class RedisMetadataStore:
         return self._read(lambda: reports.invariants(self._redis, self.prefix))
 
     def flush(self) -> None:
-        """Nothing to write: counters are written by each call's script."""
+        """Count the hits of this process's last lookups now (every other counter is
+        written by its call's own script)."""
+        with self._hits_lock:
+            pending, self._pending_hits = self._pending_hits, {}
+        if not pending:
+            return
+        args: list[Any] = []
+        for ns, hits in pending.items():
+            args += [ns, hits]
+        try:
+            self._run("count_lookup", ["", 0, *args])
+        except Hf3fsctlError as exc:
+            logger.warning("Redis store %s: lookup hits not counted: %s", self.url, exc)
 
     def close(self) -> None:
-        """Release the connections."""
+        """Count pending lookup hits, then release the connections."""
+        self.flush()
         self._redis.close()
         pool = getattr(self._redis, "connection_pool", None)
         if pool is not None:

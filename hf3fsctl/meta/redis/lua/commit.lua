@@ -10,7 +10,7 @@ local entries = hmget_all(ek, keys)
 local counts = hmget_all(ck, keys)
 local entry_args, count_args, lru_args, done_keys = {}, {}, {}, {}
 local seen = {}
-local complete = 0
+local complete = {}
 local stamp = NOW_S
 for n, key in ipairs(keys) do
   local i = 3 + 4 * (n - 1)
@@ -25,7 +25,7 @@ for n, key in ipairs(keys) do
     entry_args[#entry_args + 1] = key
     entry_args[#entry_args + 1] = pack_entry(e)
     local c = (tonumber(counts[n]) or 0) + 1
-    if c == nranks then complete = complete + 1 end
+    if c == nranks then complete[#complete + 1] = key end
     count_args[#count_args + 1] = key
     count_args[#count_args + 1] = c
     lru_args[#lru_args + 1] = stamp
@@ -40,6 +40,6 @@ if #done_keys > 0 then
   call_chunked('ZADD', lk, lru_args, 2)
   call_chunked('ZREM', pk, done_keys, 1)
 end
-if complete > 0 then redis.call('HINCRBY', k_ns(ns), 'keys', complete) end
+if #complete > 0 then call_chunked('SADD', k_done(ns), complete, 1) end
 flush_changes()
 return #done_keys
