@@ -264,3 +264,34 @@ def test_malformed_namespace_in_the_path_is_422(client: TestClient) -> None:
 def test_unknown_route_is_an_error_response(client: TestClient) -> None:
     response = client.post("/v1/nope", json={}, headers=AUTH)
     assert (response.status_code, response.json()["error"]) == (404, "NotFound")
+
+
+def test_a_key_with_a_trailing_newline_is_refused(client: TestClient) -> None:
+    ns = _register(client)
+    body = {"namespace": ns, "keys": [keys(1)[0] + "\n"]}
+    response = client.post("/v1/lookup", json=body, headers=AUTH)
+    assert (response.status_code, response.json()["detail"].startswith("keys.0")) == (422, True)
+
+
+def test_a_valid_body_without_the_token_is_401(client: TestClient) -> None:
+    # a body that parses is answered by the route's direct call: the token is still checked
+    ns = _register(client)
+    response = client.post("/v1/lookup", json={"namespace": ns, "keys": keys(2)})
+    assert (response.status_code, response.json()["error"]) == (401, "AuthError")
+    assert response.headers["www-authenticate"] == "Bearer"
+
+
+def test_every_body_route_is_answered_directly(client: TestClient) -> None:
+    from hf3fsctl.meta.server import ModelBodyRoute
+
+    body_routes = [r for r in client.app.routes if isinstance(r, ModelBodyRoute) and r.body_model]
+    assert len(body_routes) >= 14
+    assert [r.path for r in body_routes if r.direct is None] == []
+
+
+def test_direct_answers_are_counted_by_route(client: TestClient) -> None:
+    ns = _register(client)
+    for _ in range(3):
+        client.post("/v1/lookup", json={"namespace": ns, "keys": keys(2)}, headers=AUTH)
+    text = client.get("/metrics", headers=AUTH).text
+    assert 'hf3fsctl_requests_total{route="/v1/lookup",status="200"} 3.0' in text

@@ -218,6 +218,7 @@ def _calls(ns: str) -> list[tuple[str, str, Call]]:
         ("get", "/v1/pins", lambda s: {"params": {"namespace": ns, "limit": 10}}),
         ("post", "/v1/unpin", lambda s: {"json": {"namespace": ns, "keys": chain[:1]}}),
         ("get", "/v1/entries", lambda s: {"params": {"namespace": ns, "limit": 10}}),
+        ("post", "/v1/changes", lambda s: {"json": {"since": 0, "namespace": ns}}),
         ("get", "/v1/stats", lambda s: {}),
         ("get", "/v1/capacity", lambda s: {}),
         ("put", "/v1/capacity", lambda s: {"json": {"capacity_bytes": 1 << 30}}),
