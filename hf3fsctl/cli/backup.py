@@ -4,6 +4,7 @@ Which store: `--db PATH`, else the file of a `sqlite:///` `metadata.url`. A stor
 `hf3fsctl serve` (an `http(s)://` URL) is backed up on the server's node, against its
 file (SQLite's WAL can only be shared by processes of one host), so an http URL is
 refused with that command; a Redis store is backed up by Redis itself (`redis-cli --rdb`).
+`store_file` is that choice, shared with `hf3fsctl migrate`.
 The copy is consistent as of the moment the command starts and never stops writers
 (`hf3fsctl.meta.backup`); check it with `HF3FSCTL_METADATA_URL=sqlite:///OUT hf3fsctl
 doctor`.
@@ -43,17 +44,19 @@ def store_file(cfg: Config, db: Path | None, command: str) -> Path:
     """
     if db is not None:
         return db.expanduser()
-    url = cfg.metadata.url
-    if url.startswith(("redis://", "rediss://")):
+    target = cfg.metadata_target
+    if target.redis:
         raise InvalidRequest(
-            f"metadata.url is a Redis store ({url}): it is backed up and upgraded by Redis",
-            hint="back it up with `redis-cli -u URL --rdb FILE` (or BGSAVE on the server)",
+            f"metadata.url is a Redis store ({target.url}): `hf3fsctl {command.split()[0]}` "
+            "works on SQLite stores only",
+            hint="back Redis up with its own tools: `redis-cli -u URL --rdb FILE` against "
+            "the master (or BGSAVE there and copy dump.rdb); it records no format to migrate",
         )
-    path = context.sqlite_path(cfg.metadata_target)
+    path = context.sqlite_path(target)
     if path is None:
         served = Path(cfg.storage.path) / "metadata.db"
         raise InvalidRequest(
-            f"metadata.url is {cfg.metadata_target.url}: the store lives with `hf3fsctl serve`, "
+            f"metadata.url is {target.url}: the store lives with `hf3fsctl serve`, "
             "whose SQLite WAL can only be read safely on that host",
             hint=f"on the server's node: `hf3fsctl {command} --db {served}` "
             "(the file serve prints when it starts)",
