@@ -503,3 +503,23 @@ def test_rediss_verifies_the_server_against_the_ca_file(tmp_path: Path) -> None:
         untrusted.close()
     finally:
         server.stop()
+
+
+def test_a_process_that_only_looks_up_has_its_hits_counted_at_exit(redis_url: str) -> None:
+    import subprocess
+    import sys
+
+    store = RedisMetadataStore(MetadataUrl.parse(redis_url))
+    try:
+        ns = _namespace(store)
+        _save(store, ns, _keys(5))
+        code = (
+            "from hf3fsctl.meta.client import open_metadata_client as o\n"
+            f"c = o({redis_url!r})\n"
+            f"assert c.lookup({ns!r}, {_keys(8)!r}) == 5\n"  # exits without close()
+        )
+        subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+        counted = store.namespace_stats(ns)
+        assert (counted.lookups, counted.lookup_keys, counted.hit_keys) == (1, 8, 5)
+    finally:
+        store.close()

@@ -26,6 +26,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
+from multiprocessing import util as mp_util
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -64,6 +65,8 @@ from hf3fsctl.meta.redis import reports
 from hf3fsctl.meta.redis.connection import call, load_scripts, redis_client
 
 if TYPE_CHECKING:
+    from redis.commands.core import Script
+
     from hf3fsctl.config import MetadataUrl
 
 logger = logging.getLogger(__name__)
@@ -88,6 +91,44 @@ def _marks(reply: Sequence[Any]) -> list[GiveBack]:
         (str(ns), int(r), str(path), int(slot), [int(p) for p in pages])
         for ns, r, path, slot, pages in reply
     ]
+
+
+class _LookupHits:
+    """Hits of this process's lookups not yet counted in Redis (they are known only once
+    a lookup answered, so they ride along with the next one). Apart from the store, so
+    the exit-time flush holds no reference to it."""
+
+    def __init__(self, script: Script, prefix: str, where: str) -> None:
+        self.script = script
+        self.prefix = prefix
+        self.where = where
+        self.pending: dict[str, int] = {}
+        self.lock = threading.Lock()
+
+    def take(self) -> dict[str, int]:
+        """The pending hits, now the caller's to count."""
+        with self.lock:
+            pending, self.pending = self.pending, {}
+        return pending
+
+    def add(self, hits: dict[str, int]) -> None:
+        """Hits to count later."""
+        with self.lock:
+            for ns, count in hits.items():
+                self.pending[ns] = self.pending.get(ns, 0) + count
+
+    def count(self) -> None:
+        """Count the pending hits now; a failure is logged (those hits are lost)."""
+        pending = self.take()
+        if not pending:
+            return
+        args: list[Any] = ["", 0]
+        for ns, hits in pending.items():
+            args += [ns, hits]
+        try:
+            call(lambda: self.script(keys=[self.prefix], args=args), self.where, idempotent=False)
+        except Hf3fsctlError as exc:
+            logger.warning("Redis store %s: lookup hits not counted: %s", self.where, exc)
 
 
 class RedisMetadataStore:
@@ -138,8 +179,11 @@ class RedisMetadataStore:
         self._redis = redis_client(target, timeout_s=timeout_s, token=token, ca_file=ca_file)
         self._scripts = load_scripts(self._redis)
         self._puncher = HolePuncher(self.policy.storage_root)
-        self._pending_hits: dict[str, int] = {}  # namespace → hits not yet counted
-        self._hits_lock = threading.Lock()
+        self._hits = _LookupHits(self._scripts["count_lookup"], prefix, self.url)
+        # A process that only looks up (the connector's scheduler) may exit without
+        # `close`: count its last hits then too, as the embedded client flushes its
+        # counters (multiprocessing's Finalize also runs in vLLM's EngineCore children).
+        self._count_at_exit = mp_util.Finalize(self, self._hits.count, exitpriority=0)
         self._record_default_capacity()
 
     # --- plumbing ------------------------------------------------------------------------
@@ -270,8 +314,7 @@ class RedisMetadataStore:
         """
         _require_keys(keys)
         check_namespace_id(namespace)
-        with self._hits_lock:
-            pending, self._pending_hits = self._pending_hits, {}
+        pending = self._hits.take()
         counters = [namespace, len(keys)]
         for ns, hits in pending.items():
             counters += [ns, hits]
@@ -287,9 +330,7 @@ class RedisMetadataStore:
         try:
             replies = call(run, self.url, idempotent=True)
         except BaseException:
-            with self._hits_lock:  # not counted: keep them for the next lookup
-                for ns, hits in pending.items():
-                    self._pending_hits[ns] = self._pending_hits.get(ns, 0) + hits
+            self._hits.add(pending)  # not counted: keep them for the next lookup
             raise
         found = 0
         if keys:
@@ -298,8 +339,7 @@ class RedisMetadataStore:
                     break
                 found += 1
         if found:
-            with self._hits_lock:
-                self._pending_hits[namespace] = self._pending_hits.get(namespace, 0) + found
+            self._hits.add({namespace: found})
         return found
 
     def _lookup_pipeline(
@@ -653,20 +693,11 @@ class RedisMetadataStore:
     def flush(self) -> None:
         """Count the hits of this process's last lookups now (every other counter is
         written by its call's own script)."""
-        with self._hits_lock:
-            pending, self._pending_hits = self._pending_hits, {}
-        if not pending:
-            return
-        args: list[Any] = []
-        for ns, hits in pending.items():
-            args += [ns, hits]
-        try:
-            self._run("count_lookup", ["", 0, *args])
-        except Hf3fsctlError as exc:
-            logger.warning("Redis store %s: lookup hits not counted: %s", self.url, exc)
+        self._hits.count()
 
     def close(self) -> None:
         """Count pending lookup hits, then release the connections."""
+        self._count_at_exit.cancel()
         self.flush()
         self._redis.close()
         pool = getattr(self._redis, "connection_pool", None)
