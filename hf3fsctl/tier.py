@@ -27,7 +27,8 @@ Contract:
       `cancelled`), and a `cancel` after the delivery reports that it came too late. A
       `PagePieces` read delivers as it goes, so only a load the caller waits for should
       use it.
-    * Pages that fail their checksum are returned (`LoadOutcome.corrupt`) and the store
+    * Pages that fail their checksum, or end before their size (a file truncated
+      through them: torn), are returned (`LoadOutcome.corrupt`) and the store
       is told to drop them (`invalidate`: that exact page of the key, on every rank),
       so they fail one load and not every later one: inline (`LoadOutcome.invalidated`
       counts the keys dropped), or handed to the caller's `invalidate_with` (the
@@ -57,6 +58,7 @@ from hf3fsctl.errors import Hf3fsctlError, InvalidRequest, MetadataUnavailable, 
 from hf3fsctl.meta.models import Allocation, CommitItem, Location
 from hf3fsctl.storage.engine import (
     ERROR_CHECKSUM,
+    ERROR_SHORT,
     Buffer,
     IOEngine,
     PageResult,
@@ -80,7 +82,7 @@ NO_SPACE = "no_space"  # the store or the file system had no room
 LOADED = "loaded"  # read, verified and delivered
 NOT_FOUND = "not_found"  # not committed on this rank
 SIZE = "size"  # stored with another page size: never read
-CHECKSUM = "checksum"  # the bytes read do not match the recorded checksum
+CHECKSUM = "checksum"  # the bytes read do not match the recorded checksum, or end early
 CANCELLED = "cancelled"  # the load was cancelled before it delivered
 # Of either.
 IO = "io"  # the file system failed the read, write or claim
@@ -514,7 +516,10 @@ class Tier:
             if results is None:
                 kinds[i] = ERROR
             elif not results[position].ok:
-                corrupt = results[position].error == ERROR_CHECKSUM
+                # A page that ends early (its file was truncated through it) is torn:
+                # corrupt like a checksum mismatch, not a passing I/O error, so it is
+                # dropped and saved again instead of failing every later load.
+                corrupt = results[position].error in (ERROR_CHECKSUM, ERROR_SHORT)
                 kinds[i] = CHECKSUM if corrupt else IO
                 if corrupt:
                     outcome.corrupt.append(loc)
