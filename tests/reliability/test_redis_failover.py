@@ -202,8 +202,15 @@ def _run_scenario(cluster: SentinelCluster, clients: list[MetadataClient]) -> Fa
         for key, offset in w.acknowledged
         if offset is not None and offset <= watch.offset
     ]
+    unreplicated = [
+        key
+        for w in writers
+        for key, offset in w.acknowledged
+        if offset is not None and offset > watch.offset
+    ]
     reader = client()
     lost = [key for key in replicated if reader.lookup(ns, [key]) == 0]
+    lost_unreplicated = sum(reader.lookup(ns, [key]) == 0 for key in unreplicated)
     check = getattr(reader, "check_invariants", None)
     invariants = list(check()) if check is not None else ["no check_invariants() on the client"]
     result = Failover(writers, watch.offset, killed_at, promoted_at, first_after, lost, invariants)
@@ -212,7 +219,9 @@ def _run_scenario(cluster: SentinelCluster, clients: list[MetadataClient]) -> Fa
         f"master), promotion {promoted_at - killed_at:.2f}s; "
         f"{sum(w.ok for w in writers)} calls ok, "
         f"{sum(w.unavailable for w in writers)} MetadataUnavailable; "
-        f"{len(replicated)} acknowledged+replicated commits, {len(lost)} lost"
+        f"{len(replicated)} acknowledged+replicated commits, {len(lost)} lost; "
+        f"{len(unreplicated)} acknowledged before the replica had them, "
+        f"{lost_unreplicated} of those lost"
     )
     return result
 
