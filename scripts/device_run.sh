@@ -8,7 +8,8 @@
 #
 # Python packages the image lacks travel as wheels in .whl/ (pydantic and its deps: the
 # core config and metadata models need it; see docs/staging-ops.md).
-# Usage (repository root): bash scripts/device_run.sh [quick]
+# Usage (repository root): bash scripts/device_run.sh [quick|tests]
+#   quick: the benchmark at 1 and 64 blocks only; tests: no benchmark at all.
 set -uo pipefail
 OUT=${OUT:-/tmp/hf3fsctl-device-run}
 mkdir -p "$OUT"
@@ -57,14 +58,15 @@ done 2>&1 | tee "$OUT/throw.log"
 echo "== tests (by path: other areas' tests need what this machine lacks)"
 "$PY" -m pytest -q tests/gpu/test_staging_cuda.py tests/gpu/test_worker_cuda.py \
   tests/unit/test_staging.py tests/unit/test_staging_kernels.py -p no:cacheprovider \
-  --junitxml="$OUT/tests.xml" 2>&1 | tee "$OUT/tests.log" | tail -25 || status=1
+  -rfE 2>&1 | tee "$OUT/tests.log" | grep -E "^(FAILED|ERROR|[0-9]+ passed)|passed|failed" || status=1
 
-echo "== benchmark"
-if [ "${1:-}" = quick ]; then bench_args=(--blocks 1 64 --roundtrip-blocks 0); else
+if [ "${1:-}" = tests ]; then
+  echo "== benchmark skipped"
+elif [ "${1:-}" = quick ]; then bench_args=(--blocks 1 64 --roundtrip-blocks 0); else
   bench_args=(--chunk-sweep 16384 65536 --roundtrip-blocks 64); fi
-"$PY" benchmarks/bench_staging.py --out "$OUT/bench.json" --storage-dir /tmp "${bench_args[@]}" \
+[ "${1:-}" = tests ] || "$PY" benchmarks/bench_staging.py --out "$OUT/bench.json" --storage-dir /tmp "${bench_args[@]}" \
   > "$OUT/bench.log" 2>&1 || status=1
-"$PY" - "$OUT/bench.json" <<'EOF' || status=1
+[ "${1:-}" = tests ] || "$PY" - "$OUT/bench.json" <<'EOF' || status=1
 import json, sys
 doc = json.load(open(sys.argv[1]))
 print("geometry op blocks variant ms GB/s of_PCIe time/copy")
@@ -88,7 +90,8 @@ if ls .wheelcheck/*.whl > /dev/null 2>&1; then
     find ~/.cache/hf3fsctl -name '_ops.so'
     cd "$REPO" && "$PY" -P -c 'import hf3fsctl.staging as s; print(s.__file__, sorted(s.load_compiled_ops()))'
     "$PY" -P -m pytest -q tests/gpu/test_staging_cuda.py tests/gpu/test_worker_cuda.py \
-      -p no:cacheprovider 2>&1 | tail -4
+      -p no:cacheprovider -rfE 2>&1 | tee /tmp/wheel-tests.log | grep -E "^(FAILED|ERROR)|passed|failed"
   ) 2>&1 | tee "$OUT/wheel.log" || status=1
+  cat /tmp/wheel-tests.log >> "$OUT/wheel.log"
 fi
 exit $status

@@ -86,6 +86,12 @@ __global__ void __launch_bounds__(kMaxThreads)
 
 // The staging table's address for the kernel: its own pointer on the GPU, the mapped
 // pointer of pinned host memory; pageable host memory is a caller error.
+//
+// cudaPointerGetAttributes needs a CUDA context current on the calling thread, and it
+// does not make one: on a thread that has made no other CUDA call yet (the connector's
+// load threads) it fails, and pinned memory looked pageable. So the device's primary
+// context is made current first (cudaSetDevice initialises it on CUDA 12+; a no-op when
+// it already is). Found by tests/gpu/test_worker_cuda.py: every asynchronous load failed.
 uint8_t* table_device_pointer(const at::Tensor& table, const at::Device& device) {
   uint8_t* ptr = static_cast<uint8_t*>(table.data_ptr());
   if (table.is_cuda()) {
@@ -94,14 +100,18 @@ uint8_t* table_device_pointer(const at::Tensor& table, const at::Device& device)
     return ptr;
   }
   TORCH_CHECK_VALUE(table.is_cpu(), "staging table must be a CUDA or pinned CPU tensor");
+  C10_CUDA_CHECK(cudaSetDevice(device.index()));
   cudaPointerAttributes attr{};
   const cudaError_t err = cudaPointerGetAttributes(&attr, ptr);
   if (err != cudaSuccess) {
-    (void)cudaGetLastError();  // clear the sticky-free error so later calls are not blamed
+    (void)cudaGetLastError();  // clear the error so later calls are not blamed
   }
   TORCH_CHECK_VALUE(err == cudaSuccess && attr.type == cudaMemoryTypeHost &&
                         attr.devicePointer != nullptr,
-                    "host staging table must be pinned (page-locked) memory");
+                    message("host staging table must be pinned (page-locked) memory (",
+                            err == cudaSuccess ? "memory type " + std::to_string(attr.type)
+                                               : std::string(cudaGetErrorName(err)),
+                            ")"));
   return static_cast<uint8_t*>(attr.devicePointer);
 }
 
