@@ -590,3 +590,17 @@ def test_leased_keys_are_not_evicted_for_capacity(make_tier: Callable[..., Tier]
     granted = len(tier.store.allocate(b, 0, keys(8, salt="b")).allocated)
     assert (granted, tier.store.lookup(a, keys(8, salt="a")), tier.disk(a)) == (2, 8, 8 * SLOT)
     assert tier.sound() == []
+
+
+# --- 10. pins listed and dropped by key ----------------------------------------------
+
+
+def test_pins_are_listed_by_namespace_and_dropped_by_key(tier: Tier) -> None:
+    a, b = tier.add("a"), tier.add("b")
+    tier.store.pin(a, keys(3, salt="a"))
+    tier.store.pin(b, keys(1, salt="b"))
+    dropped = tier.store.unpin(a, keys(2, salt="a"))
+    listed = {(p.namespace, p.key) for p in tier.store.list_pins(a)}
+    assert (dropped, listed) == (2, {(a, keys(1, start=2, salt="a")[0])})
+    assert len(tier.store.list_pins()) == 2
+    assert tier.sound() == []

@@ -162,3 +162,15 @@ def test_store_stays_sound_through_eviction_cycles(backend: Backend, store: Meta
         store_keys(store, ns, keys(5, salt=str(round_)), ranks=2)
         store.locate(ns, 0, keys(2, salt=str(round_)))
     assert backend.invariants() == []
+
+
+def test_evict_criteria_combine_with_a_namespace(store: MetadataClient) -> None:
+    a, b = register(store, model="a"), register(store, model="b")
+    store_keys(store, a, keys(4))
+    store_keys(store, b, keys(4))
+    result = store.evict(EvictRequest(namespace=a, max_entries=2))
+    assert (result.by_namespace, store.lookup(a, keys(4)), store.lookup(b, keys(4))) == (
+        {a: 2},
+        2,
+        4,
+    )
