@@ -66,7 +66,9 @@ def store_file(cfg: Config, db: Path | None, command: str) -> Path:
 
 def backup(
     ctx: typer.Context,
-    out: Annotated[Path, typer.Argument(help="The backup file to create (must not exist).")],
+    out: Annotated[
+        Path, typer.Argument(metavar="OUT", help="The backup file to create (must not exist).")
+    ],
     db: DbOpt = None,
     config: ConfigOpt = None,
     json: JsonOpt = False,

@@ -157,18 +157,16 @@ def test_sigterm_drains_in_flight_requests_then_exits_0_with_every_ack_durable(
     while min(c.answers() for c in clients) < 15 and time.monotonic() < deadline:
         time.sleep(0.05)
 
-    lock = WriterLock(f"{server.db_path}.lock")
-    held = lock.hold(5.0)
-    assert held.__enter__()  # the server's writes now wait for this process
-    try:
-        in_flight = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
-        items = [
-            {"key": a.key, "page": a.page, "size": PAGE_BYTES, "checksum": checksum(a.key, a.page)}
-            for a in probe
-        ]
-        in_flight.request(
-            "POST", "/v1/commit", json.dumps({"namespace": namespace, "rank": 0, "items": items}), HEADERS
-        )  # fmt: skip
+    items = [
+        {"key": a.key, "page": a.page, "size": PAGE_BYTES, "checksum": checksum(a.key, a.page)}
+        for a in probe
+    ]
+    in_flight = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
+    lock = WriterLock(f"{server.db_path}.lock")  # held ~1 s; the server's writes wait 5 s
+    with lock.hold(5.0) as got:
+        assert got  # the server's writes now wait for this process
+        body = {"namespace": namespace, "rank": 0, "items": items}
+        in_flight.request("POST", "/v1/commit", json.dumps(body), HEADERS)
         # a round trip on another connection: the loop has read the commit by then
         side = HttpMetadataClient(server.url, token=TOKEN, timeout_s=10)
         side.health()
@@ -179,9 +177,7 @@ def test_sigterm_drains_in_flight_requests_then_exits_0_with_every_ack_durable(
             time.sleep(0.05)
         assert refused(server.port), "still accepting connections after SIGTERM"
         assert server.process.poll() is None, "exited with a commit still in flight"
-    finally:
-        held.__exit__(None, None, None)
-        lock.close()
+    lock.close()
     response = in_flight.getresponse()
     assert (response.status, json.loads(response.read())) == (200, {"count": len(probe)})
     in_flight.close()
