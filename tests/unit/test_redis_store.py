@@ -523,3 +523,46 @@ def test_a_process_that_only_looks_up_has_its_hits_counted_at_exit(redis_url: st
         assert (counted.lookups, counted.lookup_keys, counted.hit_keys) == (1, 8, 5)
     finally:
         store.close()
+
+
+@pytest.mark.parametrize(
+    "request_",
+    [
+        EvictRequest(max_entries=23),
+        EvictRequest(all=True),
+        EvictRequest(all=True, dry_run=True),
+        EvictRequest(target_usage=0.5),
+        EvictRequest(all=True, include_pinned=True),
+    ],
+    ids=["max-entries", "all", "dry-run", "target-usage", "include-pinned"],
+)
+def test_admin_eviction_in_small_batches_evicts_what_sqlite_evicts(
+    redis_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, request_: EvictRequest
+) -> None:
+    """The SQLite store (one transaction) is the oracle for the batched Redis eviction."""
+    import hf3fsctl.meta.redis.store as redis_store
+    from hf3fsctl.meta.store import MetadataStore
+
+    monkeypatch.setattr(redis_store, "EVICT_BATCH", 4)
+    sqlite = MetadataStore(tmp_path / "oracle.db")
+    store = RedisMetadataStore(MetadataUrl.parse(redis_url))
+    remaining = []
+    try:
+        for target in (sqlite, store):
+            target.set_capacity(200 * PAGE)
+            spaces = [_namespace(target, ranks=2, model=f"m{i}") for i in range(3)]
+            for round_ in range(4):  # interleaved saves: LRU order crosses namespaces
+                for i, ns in enumerate(spaces):
+                    for rank in (0, 1):
+                        _save(target, ns, _keys(5, start=round_ * 5, tag=i), rank=rank)
+            target.pin(spaces[1], _keys(3, tag=1))  # pinned: only with include_pinned
+            target.allocate(spaces[2], 0, _keys(2, start=100, tag=2))  # pending: never
+            target.locate(spaces[0], 0, _keys(2, tag=0))  # touched: newest now
+            result = target.evict(request_)
+            left = {(e.namespace, e.key, e.rank) for e in target.list_entries(limit=10_000)}
+            remaining.append((result.keys, result.pages, result.bytes, result.by_namespace, left))
+        assert remaining[1] == remaining[0]
+        assert store.check_invariants() == []
+    finally:
+        sqlite.close()
+        store.close()

@@ -325,10 +325,15 @@ local function evict_lru(scope, satisfied, on_free, reason, batch, need_rank)
       if #got == 2 * batch then
         local last = tonumber(got[#got])
         if threshold == nil or last < threshold then threshold = last end
+        -- every key as old as the last one (one commit's chain), so its tail goes first
+        local seen = {}
+        for i = 1, #got, 2 do seen[got[i]] = true end
+        for _, key in ipairs(redis.call('ZRANGEBYSCORE', k_lru(ns), got[#got], got[#got])) do
+          if not seen[key] then cands[#cands + 1] = {ns, key, last} end
+        end
       end
     end
     if #cands == 0 then break end
-    local info = {}
     for _, c in ipairs(cands) do
       local ok, depth = evictable(c[1], c[2], ranks[c[1]], true, false, need_rank)
       c[4] = ok

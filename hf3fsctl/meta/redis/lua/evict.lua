@@ -1,15 +1,24 @@
--- evict (admin): committed keys by criteria, every rank at once, LRU first (chain tails
--- first among equally old keys); pending keys never; pinned keys only when asked.
--- ARGV: ns or '', older_than_s or '', target_usage or '', max_entries or '',
---       include_pinned (0/1), dry_run (0/1), can_punch (0/1).
--- Returns {keys, pages, bytes, {ns, keys, …}, marked}.
+-- evict (admin), one batch: committed keys by criteria, every rank at once, LRU first
+-- (chain tails first among equally old keys); pending keys never; pinned keys only when
+-- asked. The client calls it until it says done, so Redis is never held for long.
+-- ARGV: ns or '', older_than_s or '', target_usage or '', max_entries left or '',
+--       include_pinned (0/1), dry_run (0/1), can_punch (0/1), batch, cutoff or '',
+--       bytes a dry run already counted as freed, then (ns, offset) pairs: how far each
+--       namespace's LRU set was walked by earlier batches (keys left in place).
+-- Returns {keys, pages, bytes, {ns, keys, …}, marked, {ns, offset, …}, done, cutoff}.
 local only = ARGV[1]
-local older = tonumber(ARGV[2])
 local target = tonumber(ARGV[3])
 local max_entries = tonumber(ARGV[4])
 local include_pinned = ARGV[5] == '1'
 local dry = ARGV[6] == '1'
 local can_punch = ARGV[7] == '1'
+local batch = tonumber(ARGV[8])
+local cutoff = tonumber(ARGV[9])
+if cutoff == nil and tonumber(ARGV[2]) ~= nil then cutoff = NOW - tonumber(ARGV[2]) end
+local counted = tonumber(ARGV[10])
+local offset = {}
+for i = 11, #ARGV, 2 do offset[ARGV[i]] = tonumber(ARGV[i + 1]) end
+
 local scope
 if only ~= '' then ns_ranks(only); scope = {only} else scope = redis.call('ZRANGE', K_NAMESPACES, 0, -1) end
 
@@ -24,17 +33,34 @@ for _, f in ipairs(all_files()) do
 end
 local cap = redis.call('HGET', K_INFO, 'capacity_bytes')
 if cap then bytes_total = tonumber(cap) end
+bytes_used = bytes_used - counted
 
 local max_score = '+inf'
-if older ~= nil then max_score = '(' .. f6(NOW - older) end
-local cands = {}
-local ranks = {}
+if cutoff ~= nil then max_score = '(' .. f6(cutoff) end
+local ranks, cands = {}, {}
+local threshold = nil
 for _, ns in ipairs(scope) do
   ranks[ns] = tonumber(redis.call('HGET', k_ns(ns), 'num_ranks'))
-  local got = redis.call('ZRANGEBYSCORE', k_lru(ns), '-inf', max_score, 'WITHSCORES')
+  offset[ns] = offset[ns] or 0
+  local got = redis.call('ZRANGEBYSCORE', k_lru(ns), '-inf', max_score, 'WITHSCORES',
+    'LIMIT', offset[ns], batch)
   for i = 1, #got, 2 do
     local ok, depth = evictable(ns, got[i], ranks[ns], false, include_pinned, nil)
-    if ok then cands[#cands + 1] = {ns, got[i], tonumber(got[i + 1]), depth} end
+    cands[#cands + 1] = {ns, got[i], tonumber(got[i + 1]), depth, ok}
+  end
+  if #got == 2 * batch then  -- more beyond: only what sorts before this is in order
+    local last = tonumber(got[#got])
+    if threshold == nil or last < threshold then threshold = last end
+    -- every key as old as the last one (one commit's chain), so its tail goes first
+    local seen = {}
+    for i = 1, #got, 2 do seen[got[i]] = true end
+    local same = redis.call('ZRANGEBYSCORE', k_lru(ns), got[#got], got[#got])
+    for _, key in ipairs(same) do
+      if not seen[key] then
+        local ok, depth = evictable(ns, key, ranks[ns], false, include_pinned, nil)
+        cands[#cands + 1] = {ns, key, last, depth, ok}
+      end
+    end
   end
 end
 table.sort(cands, function(a, b)
@@ -44,29 +70,42 @@ table.sort(cands, function(a, b)
   return a[2] < b[2]
 end)
 local keys, pages, freed_bytes = 0, 0, 0
-local by_ns = {}
-local counts = {}
+local by_ns, counts = {}, {}
+local finished = threshold == nil  -- every candidate is in this batch
 for _, c in ipairs(cands) do
-  if max_entries ~= nil and keys >= max_entries then break end
-  if target ~= nil and bytes_used <= target * bytes_total then break end
-  local ns, key = c[1], c[2]
-  local freed = {}
-  if dry then
-    for r = 0, ranks[ns] - 1 do
-      local e = unpack_entry(redis.call('HGET', k_e(ns, r), key))
-      if e and e.state == 1 then freed[#freed + 1] = {r, e.page} end
-    end
-  else
-    freed = drop_key(ns, key, ranks[ns])
+  if (max_entries ~= nil and keys >= max_entries)
+      or (target ~= nil and bytes_used <= target * bytes_total) then
+    finished = true
+    break
   end
-  local bytes = 0
-  for _, fr in ipairs(freed) do bytes = bytes + file_slot(ns, fr[1]) end
-  pages = pages + #freed
-  freed_bytes = freed_bytes + bytes
-  bytes_used = bytes_used - bytes
-  keys = keys + 1
-  by_ns[ns] = (by_ns[ns] or 0) + 1
-  count_evictions(counts, ns, 'admin', 1, bytes)
+  if threshold ~= nil and c[3] > threshold then break end
+  local ns, key = c[1], c[2]
+  if not c[5] then
+    offset[ns] = offset[ns] + 1  -- stays in the set: walk past it
+  else
+    local freed = {}
+    if dry then
+      for r = 0, ranks[ns] - 1 do
+        local e = unpack_entry(redis.call('HGET', k_e(ns, r), key))
+        if e and e.state == 1 then freed[#freed + 1] = {r, e.page} end
+      end
+      offset[ns] = offset[ns] + 1
+    else
+      freed = drop_key(ns, key, ranks[ns])
+    end
+    local bytes = 0
+    for _, fr in ipairs(freed) do bytes = bytes + file_slot(ns, fr[1]) end
+    pages = pages + #freed
+    freed_bytes = freed_bytes + bytes
+    bytes_used = bytes_used - bytes
+    keys = keys + 1
+    by_ns[ns] = (by_ns[ns] or 0) + 1
+    count_evictions(counts, ns, 'admin', 1, bytes)
+  end
+end
+if (max_entries ~= nil and keys >= max_entries)
+    or (target ~= nil and bytes_used <= target * bytes_total) then
+  finished = true
 end
 local marked = {}
 if not dry then
@@ -74,6 +113,9 @@ if not dry then
   if can_punch then mark_give_back(marked, nil, nil, nil) end
   flush_changes()
 end
-local flat = {}
+local flat, walked = {}, {}
 for ns, n in pairs(by_ns) do flat[#flat + 1] = ns; flat[#flat + 1] = n end
-return {keys, pages, freed_bytes, flat, marked}
+for ns, n in pairs(offset) do walked[#walked + 1] = ns; walked[#walked + 1] = n end
+local cut = ''
+if cutoff ~= nil then cut = f6(cutoff) end
+return {keys, pages, freed_bytes, flat, marked, walked, finished and 1 or 0, cut}
