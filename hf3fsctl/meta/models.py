@@ -29,6 +29,7 @@ from pydantic import (
     StrictStr,
     TypeAdapter,
     WithJsonSchema,
+    model_validator,
 )
 from pydantic.config import JsonDict
 
@@ -410,11 +411,20 @@ class RegisterNamespaceRequest(_Model):
 
 
 class RegisterRankRequest(_Model):
-    """Register a rank's page file. The rank must be below the namespace's `num_ranks`,
-    `page_bytes` the manifest's, and `slot_bytes` at least `page_bytes` (else 400)."""
+    """Register a rank's page file: `<namespace>/rank-NNNN.pages` of this very namespace and
+    rank (422), so that no namespace can point at another's file. The rank must be below
+    the namespace's `num_ranks`, `page_bytes` the manifest's, and `slot_bytes` at least
+    `page_bytes` (else 400)."""
 
     namespace: NamespaceId
     rank_file: RankFileBody
+
+    @model_validator(mode="after")
+    def _own_file(self) -> RegisterRankRequest:
+        expected = f"{self.namespace}/rank-{self.rank_file.rank:04d}.pages"
+        if self.rank_file.path != expected:
+            raise ValueError(f"rank_file.path must be {expected!r}, the file of this rank")
+        return self
 
 
 class LookupRequest(_Model):

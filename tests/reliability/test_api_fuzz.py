@@ -12,8 +12,9 @@ run makes the same requests every time, and bounded (`max_examples` per operatio
 mode). What the schema cannot say is said here, each in one place:
 
 - `positive_body`: half the positive requests are aimed at a registered namespace (so
-  the store's paths run, not only its 404s), and a namespace being registered gets the id
-  its manifest hashes to — a hash no JSON Schema can state.
+  the store's paths run, not only its 404s), a namespace being registered gets the id
+  its manifest hashes to, and a rank file the path of its own namespace and rank — rules
+  across fields no JSON Schema can state.
 - `STATE_REFUSALS`: the 400 answers a schema-valid body may still get because of what
   the store holds (a rank beyond the namespace's ranks, a page size that is not the
   manifest's) or a rule across fields; each is matched by its reason.
@@ -98,8 +99,12 @@ def positive_body(case: Any, namespace: str) -> None:
             if isinstance(data.get(name), float):
                 data[name] = int(data[name])
         body["namespace"] = namespace_id(data)
-    elif isinstance(body.get("namespace"), str) and len(repr(body)) % 2 == 0:
+        return
+    if isinstance(body.get("namespace"), str) and len(repr(body)) % 2 == 0:
         body["namespace"] = namespace
+    rank_file = body.get("rank_file")
+    if isinstance(rank_file, dict) and isinstance(rank_file.get("rank"), (int, float)):
+        rank_file["path"] = f"{body['namespace']}/rank-{int(rank_file['rank']):04d}.pages"
 
 
 def refused_by_state(label: str, failures: FailureGroup, status: int, text: str) -> str | None:

@@ -295,3 +295,21 @@ def test_direct_answers_are_counted_by_route(client: TestClient) -> None:
         client.post("/v1/lookup", json={"namespace": ns, "keys": keys(2)}, headers=AUTH)
     text = client.get("/metrics", headers=AUTH).text
     assert 'hf3fsctl_requests_total{route="/v1/lookup",status="200"} 3.0' in text
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "../../etc/passwd",
+        "/abs/rank-0000.pages",
+        "0123456789abcdef/../rank-0000.pages",
+        "x",
+        "fedcba9876543210/rank-0000.pages",
+    ],
+    ids=["dotdot", "absolute", "inner-dotdot", "not-a-rank-file", "another-namespace"],
+)
+def test_a_rank_file_path_outside_its_namespace_is_refused(client: TestClient, path: str) -> None:
+    ns = _register(client)
+    rank = {**rank_file(ns, 0, 20).model_dump(), "path": path}
+    response = client.post("/v1/ranks", json={"namespace": ns, "rank_file": rank}, headers=AUTH)
+    assert (response.status_code, "rank_file.path" in response.json()["detail"]) == (422, True)
