@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import shutil
 import signal
+import socket
 import subprocess
 import time
 from collections.abc import Iterator, Sequence
@@ -44,6 +45,19 @@ START_TIMEOUT_S = 20.0
 def redis_binaries_missing() -> list[str]:
     """The Redis binaries this machine lacks (`make test` installs them)."""
     return [name for name in ("redis-server", "redis-sentinel") if shutil.which(name) is None]
+
+
+def free_ports(count: int) -> list[int]:
+    """`count` distinct TCP ports that were free on 127.0.0.1 a moment ago (held open
+    together while chosen, so no two are the same)."""
+    sockets = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(count)]
+    try:
+        for sock in sockets:
+            sock.bind((HOST, 0))
+        return [int(sock.getsockname()[1]) for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
 
 
 def connect_port(port: int, timeout_s: float = 1.0) -> Any:
@@ -190,13 +204,15 @@ class SentinelCluster:
 
     def __post_init__(self) -> None:
         replication = ["repl-diskless-sync yes", "repl-diskless-sync-delay 0"]
-        self.master = RedisServer(self.directory / "master", settings=replication)
+        master_port, replica_port, *sentinel_ports = free_ports(2 + self.sentinels)
+        self.master = RedisServer(self.directory / "master", master_port, replication)
         self.replica = RedisServer(
             self.directory / "replica",
-            settings=[*replication, f"replicaof {HOST} {self.master.port}"],
+            replica_port,
+            [*replication, f"replicaof {HOST} {master_port}"],
         )
-        for i in range(self.sentinels):
-            server = RedisServer(self.directory / f"sentinel-{i}", sentinel=True)
+        for i, port in enumerate(sentinel_ports):
+            server = RedisServer(self.directory / f"sentinel-{i}", port, sentinel=True)
             server.settings = [
                 "sentinel resolve-hostnames no",
                 f"sentinel monitor {self.service} {HOST} {self.master.port} {self.quorum}",
@@ -339,6 +355,7 @@ __all__ = [
     "SentinelCluster",
     "connect_port",
     "flush",
+    "free_ports",
     "redis_binaries_missing",
     "redis_server",
     "redis_session_server",
