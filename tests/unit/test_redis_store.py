@@ -566,3 +566,40 @@ def test_admin_eviction_in_small_batches_evicts_what_sqlite_evicts(
     finally:
         sqlite.close()
         store.close()
+
+
+def test_marks_a_crashed_process_left_are_finished_by_the_next_store_only_when_stale(
+    redis_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import hf3fsctl.meta.redis.store as redis_store
+
+    root = tmp_path / "root"
+    root.mkdir()
+    policy = StorePolicy(storage_root=str(root))
+    store = RedisMetadataStore(MetadataUrl.parse(redis_url), policy=policy)
+    raw = store._redis
+    try:
+        ns = _namespace(store)
+        _save(store, ns, _keys(10))
+
+        def crash(marked: Any) -> Any:
+            raise RuntimeError("the process died between marking and punching")
+
+        monkeypatch.setattr(store._puncher, "punch", crash)
+        with pytest.raises(RuntimeError):
+            store.evict(EvictRequest(all=True))
+        marked_key = f"{{hf3fsctl}}:give:{ns}:0"
+        assert raw.zcard(marked_key) == 10
+        assert int(raw.hget("{hf3fsctl}:giving", ns)) == 10 * PAGE
+
+        RedisMetadataStore(MetadataUrl.parse(redis_url), policy=policy).close()
+        assert raw.zcard(marked_key) == 10  # fresh marks may be a live writer's: left alone
+
+        monkeypatch.setattr(redis_store, "STALE_MARK_S", 0.0)
+        RedisMetadataStore(MetadataUrl.parse(redis_url), policy=policy).close()
+        assert raw.zcard(marked_key) == 0  # stale: punched and settled
+        assert int(raw.hget(f"{{hf3fsctl}}:rf:{ns}:0", "holes")) == 10
+        assert store.capacity().bytes_used == 0
+        assert store.check_invariants() == []
+    finally:
+        store.close()
