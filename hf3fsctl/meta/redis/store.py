@@ -15,7 +15,8 @@ held) — or returns them to the free list if the file system refused. Marks a c
 process left are finished by the next store that opens (only marks older than
 `STALE_MARK_S`, so a live process's in-flight marks are never punched twice).
 
-Nothing lives in this process but the connection pool and the script hashes: several
+Nothing lives in this process but the connection pool, the script hashes and the hits of
+its last lookups (counted with its next call to Redis, or at close or exit): several
 `hf3fsctl serve` replicas, connectors and CLI commands on one Redis see one store.
 """
 
@@ -75,7 +76,7 @@ T = TypeVar("T")
 
 PREFIX = "{hf3fsctl}:"  # one hash tag: every key of a store in one Cluster slot
 STALE_MARK_S = 60.0  # a mark this old belongs to a process that died before punching
-EVICT_BATCH = 1000  # keys an admin eviction looks at per script call (~10 ms of Redis)
+EVICT_BATCH = 1000  # keys an admin eviction takes per script call (tens of ms of Redis)
 _ALLOCATE_ATTEMPTS = 3
 _SETTLE_WAIT_S = 0.002
 _LOCATIONS = TypeAdapter(list[Location | None])
