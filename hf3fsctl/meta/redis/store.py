@@ -16,7 +16,7 @@ process left are finished by the next store that opens (only marks older than
 `STALE_MARK_S`, so a live process's in-flight marks are never punched twice).
 
 Nothing lives in this process but the connection pool, the script hashes and the hits of
-its last lookups (counted with its next call to Redis, or at close or exit): several
+its last lookups (counted with its next lookup, or at stats, close or exit): several
 `hf3fsctl serve` replicas, connectors and CLI commands on one Redis see one store.
 """
 
