@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import json
 import multiprocessing
 import sqlite3
 from pathlib import Path
@@ -88,7 +89,10 @@ def two_engines(
     work = tmp_path_factory.mktemp("two-writers-runs")
     engines = [spawn_engine(run, work / f"engine-{i}") for i in range(ENGINES)]
     try:
-        return [engine.result() for engine in engines]
+        results = [engine.result() for engine in engines]
+        saved = [r.connector.get("blocks_saved") if r.connector else None for r in results]
+        (work / "saved.json").write_text(json.dumps(saved))
+        return results
     finally:
         for engine in engines:
             engine.kill()

@@ -17,6 +17,7 @@ committed (a save in flight). Then:
 
 from __future__ import annotations
 
+import json
 import sqlite3
 import time
 from dataclasses import dataclass
@@ -82,6 +83,8 @@ def killed(
         )
         if result.pending and result.committed:
             break
+    record = {"attempts": attempt + 1, "at_kill": result.at_kill, "pending": len(result.pending)}
+    (result.store.directory / "killed.json").write_text(json.dumps(record))
     return result
 
 

@@ -199,7 +199,7 @@ def test_page_is_not_reused_while_a_reader_holds_its_lease(pages: PageStore) -> 
 
 # --- through vLLM ----------------------------------------------------------------------
 
-EVICT_EVERY_S = 0.02  # the in-process evictor's pace
+EVICT_EVERY_S = 0.1  # the in-process evictor's pace
 CLI_PAUSE_S = 0.5  # between `hf3fsctl evict` runs (each start-up is a second of CPU)
 
 
