@@ -107,7 +107,7 @@ class Hf3fsctlConnector(KVConnectorBase_V1):
                 "hf3fsctl connector scheduler: namespace %s, storage %s, metadata %s",
                 self.manifest.namespace_id,
                 self.settings.storage.path,
-                self.settings.metadata_url,
+                self.settings.metadata_target.url,  # a password shows as ***
             )
         else:
             batched = vllm_config.scheduler_config.max_num_batched_tokens

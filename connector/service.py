@@ -42,7 +42,7 @@ class MetadataGuard:
         self._client: MetadataClient | None = None
         self._lock = threading.Lock()
         self._down_until = 0.0
-        self.url = config.metadata_url
+        self.url = config.metadata_target.url  # for messages: a password shows as ***
 
     @property
     def backoff_s(self) -> float:

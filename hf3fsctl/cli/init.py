@@ -179,11 +179,11 @@ def _check_metadata(config: Config, report: dict[str, Any]) -> None:
     try:
         with context.open_client(config, create=True) as client:
             client.health()
-        report["metadata"] = {"url": config.metadata_url, "reachable": True}
+        report["metadata"] = {"url": config.metadata_target.url, "reachable": True}
     except MetadataUnavailable as exc:
         if db is not None:
             raise
-        report["metadata"] = {"url": config.metadata_url, "reachable": False}
+        report["metadata"] = {"url": config.metadata_target.url, "reachable": False}
         output.warning(f"{exc.message}; start it with `hf3fsctl serve` before using the store")
 
 
@@ -295,7 +295,7 @@ def init(
     _check_metadata(cfg, report)
     if not json:
         state = "ready" if report["metadata"]["reachable"] else "not reachable yet"
-        output.line(f"metadata {cfg.metadata_url} {state}")
+        output.line(f"metadata {cfg.metadata_target.url} {state}")
     if report["metadata"]["reachable"]:
         with context.open_client(cfg) as client:
             report["capacity"] = record_capacity(cfg, client, explicit=capacity is not None)
@@ -329,7 +329,7 @@ def init(
         return
     config_flag = f" --config {write_config}" if write_config else ""
     output.line("next:", style="bold")
-    if cfg.metadata_target.scheme != "sqlite":
+    if cfg.metadata_target.scheme in ("http", "https"):
         output.line(f"  hf3fsctl{config_flag} serve            # on the metadata host")
     output.line(f"  hf3fsctl{config_flag} doctor")
     output.line(

@@ -603,3 +603,25 @@ def test_marks_a_crashed_process_left_are_finished_by_the_next_store_only_when_s
         assert store.check_invariants() == []
     finally:
         store.close()
+
+
+def test_cli_commands_on_a_redis_url_never_print_its_password(
+    password_server: RedisServer, tmp_path: Path
+) -> None:
+    from typer.testing import CliRunner
+
+    from hf3fsctl.cli.main import app
+
+    url = f"redis://:hunter2-secret@127.0.0.1:{password_server.port}/0"
+    root = tmp_path / "root"
+    config = tmp_path / "hf3fs.yaml"
+    runner = CliRunner()
+    flags = ["--storage-path", str(root), "--metadata-url", url, "--capacity", "1GiB"]
+    init = runner.invoke(app, ["init", *flags, "--write-config", str(config), "--json"])
+    assert init.exit_code == 0, init.output
+    for command in (["stats", "--json"], ["ls"], ["evict", "--all", "-y"]):
+        result = runner.invoke(app, ["--config", str(config), *command])
+        assert result.exit_code == 0, result.output
+        assert "hunter2-secret" not in result.output
+    assert "hunter2-secret" not in init.output
+    assert "redis://:***@127.0.0.1" in init.output
