@@ -207,10 +207,15 @@ def check_staging(report: Report) -> None:
     report.add("staging", status, path.describe(), path.fix)
 
 
-def check_invariants(report: Report, cfg: Config) -> None:
+def check_invariants(report: Report, cfg: Config, client: MetadataClient | None = None) -> None:
     """The embedded store's file is sound (`PRAGMA integrity_check`) and its invariants hold
-    (pages owned once, counts consistent, …); a backup is checked the same way."""
+    (pages owned once, counts consistent, …); a backup is checked the same way. A Redis
+    store is checked through its client, which is the store itself."""
     db = context.sqlite_path(cfg.metadata_target)
+    check = getattr(client, "check_invariants", None)
+    if db is None and cfg.metadata_target.redis and callable(check):
+        _report_invariants(report, list(check()), cfg.metadata_target.url)
+        return
     if db is None:
         report.add(
             "metadata.invariants",
@@ -227,6 +232,10 @@ def check_invariants(report: Report, cfg: Config) -> None:
         problems = store.check_integrity() + store.check_invariants()
     finally:
         store.close()
+    _report_invariants(report, problems, str(db))
+
+
+def _report_invariants(report: Report, problems: list[str], where: str) -> None:
     if problems:
         shown = "; ".join(problems[:5]) + (
             f"; … {len(problems) - 5} more" if len(problems) > 5 else ""
@@ -238,7 +247,7 @@ def check_invariants(report: Report, cfg: Config) -> None:
             "stop writers, back up the DB, then `hf3fsctl evict --all -y` to reset the index",
         )
     else:
-        report.add("metadata.invariants", "ok", f"{db} is consistent")
+        report.add("metadata.invariants", "ok", f"{where} is consistent")
 
 
 def doctor(
@@ -267,7 +276,7 @@ def doctor(
         else:
             try:
                 if check_metadata(report, client):
-                    check_invariants(report, cfg)
+                    check_invariants(report, cfg, client)
                     check_capacity(report, cfg, client)
                     if storage_ok:
                         doctor_store.check_namespaces(report, cfg, client)

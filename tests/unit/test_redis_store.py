@@ -625,3 +625,28 @@ def test_cli_commands_on_a_redis_url_never_print_its_password(
         assert "hunter2-secret" not in result.output
     assert "hunter2-secret" not in init.output
     assert "redis://:***@127.0.0.1" in init.output
+
+
+def test_doctor_checks_a_redis_stores_invariants(redis_url: str, tmp_path: Path) -> None:
+    import json
+
+    from typer.testing import CliRunner
+
+    from hf3fsctl.cli.main import app
+
+    config = tmp_path / "hf3fs.yaml"
+    config.write_text(f"storage:\n  path: {tmp_path / 'root'}\nmetadata:\n  url: {redis_url}\n")
+    store = RedisMetadataStore(MetadataUrl.parse(redis_url))
+    ns = _namespace(store)
+    _save(store, ns, _keys(4))
+
+    def invariants() -> dict[str, Any]:
+        result = CliRunner().invoke(app, ["--config", str(config), "doctor", "--json"])
+        checks = json.loads(result.stdout)["checks"]
+        return next(c for c in checks if c["name"] == "metadata.invariants")
+
+    assert invariants()["status"] == "ok"
+    store._redis.hincrby(f"{{hf3fsctl}}:rf:{ns}:0", "used", 1)  # a count gone wrong
+    found = invariants()
+    assert found["status"] == "fail" and "used pages" in found["detail"]
+    store.close()
