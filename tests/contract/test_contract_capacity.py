@@ -604,3 +604,18 @@ def test_pins_are_listed_by_namespace_and_dropped_by_key(tier: Tier) -> None:
     assert (dropped, listed) == (2, {(a, keys(1, start=2, salt="a")[0])})
     assert len(tier.store.list_pins()) == 2
     assert tier.sound() == []
+
+
+# --- 11. the recorded capacity ------------------------------------------------------
+
+
+def test_capacity_is_recorded_in_the_store_for_every_client(tier: Tier) -> None:
+    a = tier.add("a")
+    tier.put(a, keys(3, salt="a"))
+    seen = tier.backend.connect().capacity()
+    assert (seen.capacity_bytes, seen.bytes_used, seen.bytes_free) == (
+        20 * SLOT,
+        3 * SLOT,
+        17 * SLOT,
+    )
+    assert tier.sound() == []
