@@ -2,7 +2,8 @@
 //
 // * One block (one row of the staging table): one cudaMemcpy2DAsync per call — the copy
 //   engine moves the block's per-layer pages (equal size, `layer_stride` apart) with no
-//   kernel launch and no SM time, as fast as a pinned copy of the same bytes.
+//   kernel launch and no SM time, as fast as a pinned copy of the same bytes; a block
+//   whose layers are one range is one cudaMemcpyAsync.
 // * Several rows: ONE kernel launch per call. The work is cut into chunks of at most
 //   kChunkBytes of one (row, layer) page, one thread block per chunk, so small per-layer
 //   pages and whole-block pages alike keep the copy units busy.
@@ -181,6 +182,12 @@ bool copy_one_row(uint8_t* cache, uint8_t* table, int64_t block, const PageGeome
   const size_t width = static_cast<size_t>(g.page_size);
   const size_t cache_pitch = g.num_layers > 1 ? static_cast<size_t>(g.layer_stride) : width;
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  if (g.num_layers == 1) {  // one contiguous range (block-outermost, merged): a plain copy
+    C10_CUDA_CHECK(kToTable
+                       ? cudaMemcpyAsync(table_page, cache_page, width, cudaMemcpyDefault, stream)
+                       : cudaMemcpyAsync(cache_page, table_page, width, cudaMemcpyDefault, stream));
+    return true;
+  }
   const cudaError_t err =
       kToTable ? cudaMemcpy2DAsync(table_page, width, cache_page, cache_pitch, width,
                                    static_cast<size_t>(g.num_layers), cudaMemcpyDefault, stream)
