@@ -3,15 +3,15 @@ and the invariants `doctor` checks.
 
 These read with plain commands (pipelined, no script): they are admin calls, never on the
 data path, and a view a few microseconds apart between two reads is fine for them.
-`list_entries` and `invariants` read every entry (`HGETALL` per rank file), as the SQLite
-store's `ls` and `doctor` scan its table.
+`list_entries` and `invariants` read every entry (`HSCAN`, a thousand fields per call, so
+Redis is never held for long), as the SQLite store's `ls` and `doctor` scan its table.
 """
 
 from __future__ import annotations
 
 import json
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from hf3fsctl.meta.models import (
@@ -30,6 +30,18 @@ PENDING, COMMITTED = 0, 1
 # A `redis.Redis` with `decode_responses=True`. Typed as Any: redis-py's command stubs
 # return one union for its sync and async clients, which every caller would have to cast.
 Redis = Any
+
+
+def _scan(client: Redis, key: str) -> Iterator[tuple[str, str]]:
+    """The fields of a hash that may hold millions of entries, a thousand per call
+    (`HSCAN`), so no single command holds Redis for long (`HGETALL` of a million
+    fields would, for everyone)."""
+    yield from client.hscan_iter(key, count=1000)
+
+
+def _members(client: Redis, key: str) -> list[str]:
+    """The members of a sorted set that may be large, a thousand per call (`ZSCAN`)."""
+    return [member for member, _ in client.zscan_iter(key, count=1000)]
 
 
 def _now(client: Redis) -> float:
@@ -188,7 +200,7 @@ def _entries(
 ) -> list[tuple[int, str, dict[str, Any]]]:
     out = []
     for rank in range(num_ranks):
-        for key, value in client.hgetall(f"{prefix}e:{ns}:{rank}").items():
+        for key, value in _scan(client, f"{prefix}e:{ns}:{rank}"):
             out.append((rank, key, unpack_entry(value)))
     return out
 
@@ -320,9 +332,7 @@ def invariants(client: Redis, prefix: str) -> list[str]:
         held_bytes = giving_bytes = 0
         for rank in range(num_ranks):
             rf = client.hgetall(f"{prefix}rf:{ns}:{rank}")
-            entries = {
-                key: unpack_entry(v) for key, v in client.hgetall(f"{prefix}e:{ns}:{rank}").items()
-            }
+            entries = {key: unpack_entry(v) for key, v in _scan(client, f"{prefix}e:{ns}:{rank}")}
             if not rf:
                 for key in entries:
                     problems.append(f"entry {ns}/{key} rank {rank} has no registered rank file")
@@ -331,10 +341,10 @@ def invariants(client: Redis, prefix: str) -> list[str]:
                 problems.append(f"rank file {ns} rank {rank} is missing from the file set")
             num_pages, next_unused = int(rf["num_pages"]), int(rf["next_unused"])
             slot = int(rf["slot"])
-            free = {int(p) for p in client.zrange(f"{prefix}free:{ns}:{rank}", 0, -1)}
-            holes = {int(p) for p in client.zrange(f"{prefix}holes:{ns}:{rank}", 0, -1)}
-            marked = {int(p) for p in client.zrange(f"{prefix}give:{ns}:{rank}", 0, -1)}
-            pending = client.zrange(f"{prefix}pend:{ns}:{rank}", 0, -1, withscores=True)
+            free = {int(p) for p in _members(client, f"{prefix}free:{ns}:{rank}")}
+            holes = {int(p) for p in _members(client, f"{prefix}holes:{ns}:{rank}")}
+            marked = {int(p) for p in _members(client, f"{prefix}give:{ns}:{rank}")}
+            pending = _members(client, f"{prefix}pend:{ns}:{rank}")
             owners: dict[int, list[str]] = defaultdict(list)
             for key, e in entries.items():
                 owners[e["page"]].append(key)
@@ -399,7 +409,7 @@ def invariants(client: Redis, prefix: str) -> list[str]:
                     "free pages are punched"
                 )
             want_pending = {k for k, e in entries.items() if e["state"] == PENDING}
-            if {k for k, _ in pending} != want_pending:
+            if set(pending) != want_pending:
                 problems.append(
                     f"rank file {ns} rank {rank}: pending index differs from its entries"
                 )
@@ -408,13 +418,13 @@ def invariants(client: Redis, prefix: str) -> list[str]:
             else:
                 held_bytes += (next_unused - int(rf["holes"])) * slot
             giving_bytes += len(marked) * slot
-        counts = {k: int(v) for k, v in client.hgetall(f"{prefix}c:{ns}").items()}
+        counts = {k: int(v) for k, v in _scan(client, f"{prefix}c:{ns}")}
         if counts != dict(committed):
             problems.append(f"namespace {ns}: committed counts differ from its entries")
         complete = {key for key, n in committed.items() if n >= num_ranks}
-        if set(client.smembers(f"{prefix}done:{ns}")) != complete:
+        if set(client.sscan_iter(f"{prefix}done:{ns}", count=1000)) != complete:
             problems.append(f"namespace {ns}: its set of complete keys differs from its entries")
-        lru = set(client.zrange(f"{prefix}lru:{ns}", 0, -1))
+        lru = set(_members(client, f"{prefix}lru:{ns}"))
         if lru != set(committed):
             problems.append(f"namespace {ns}: LRU members differ from its committed keys")
         if held.get(ns, 0) != held_bytes:

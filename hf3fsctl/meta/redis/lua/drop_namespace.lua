@@ -1,5 +1,7 @@
 -- drop_namespace: remove a namespace's metadata (entries, rank files, pins, counters),
--- unless a writer holds pending pages whose deadline has not passed.
+-- unless a writer holds pending pages whose deadline has not passed. Big keys are
+-- UNLINKed (freed by a background thread); each committed entry still adds its -1 to the
+-- change log, so dropping N keys holds Redis for about N microseconds.
 -- ARGV: ns, dry_run (0/1).  Returns {keys, bytes, {paths by rank}, writing}.
 local ns, dry = ARGV[1], ARGV[2] == '1'
 local nranks = ns_ranks(ns)
@@ -20,12 +22,12 @@ for r = 0, nranks - 1 do
     local e = unpack_entry(all[i + 1])
     if e.state == 1 then change(ns, all[i], -1) end
   end
-  redis.call('DEL', ek, k_free(ns, r), k_holes(ns, r), k_give(ns, r), k_pend(ns, r), k_rf(ns, r))
+  redis.call('UNLINK', ek, k_free(ns, r), k_holes(ns, r), k_give(ns, r), k_pend(ns, r), k_rf(ns, r))
   redis.call('SREM', K_FILES, ns .. ':' .. r)
 end
 local model = redis.call('HGET', k_ns(ns), 'model')
 if model then redis.call('SREM', P .. 'model:' .. model, ns) end
-redis.call('DEL', k_c(ns), k_done(ns), k_lru(ns), k_pins(ns), k_ev(ns), k_ns(ns))
+redis.call('UNLINK', k_c(ns), k_done(ns), k_lru(ns), k_pins(ns), k_ev(ns), k_ns(ns))
 redis.call('HDEL', K_MANIFESTS, ns)
 redis.call('HDEL', K_HELD, ns)
 redis.call('HDEL', K_GIVING, ns)
