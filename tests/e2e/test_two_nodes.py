@@ -30,6 +30,9 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.integration]
 
 FULL_BLOCKS = (PREFIX + SUFFIX) // BLOCK
 KILL_WAIT_S = 120.0  # node B's first lookup reaches replica 2 well within this
+NODE_B_TIMEOUT_S = (
+    5.0  # metadata.timeout_s of node B: a loaded machine never turns a call into a miss
+)
 
 
 @pytest.fixture(scope="module")
@@ -141,7 +144,7 @@ def node_b(
     store: E2EStore = make_store(
         tmp_path_factory.mktemp("node-b"),
         root=root,
-        metadata={"url": second.url, "timeout_s": 2.0, "retry_backoff_s": 1.0},
+        metadata={"url": second.url, "timeout_s": NODE_B_TIMEOUT_S, "retry_backoff_s": 1.0},
     )
     other, same = Prober(first.url), Prober(second.url)
     probes = [threading.Thread(target=p.run, daemon=True) for p in (other, same)]
