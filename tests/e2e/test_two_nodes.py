@@ -30,9 +30,8 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.integration]
 
 FULL_BLOCKS = (PREFIX + SUFFIX) // BLOCK
 KILL_WAIT_S = 120.0  # node B's first lookup reaches replica 2 well within this
-NODE_B_TIMEOUT_S = (
-    5.0  # metadata.timeout_s of node B: a loaded machine never turns a call into a miss
-)
+# metadata.timeout_s of node B: a loaded machine never turns a slow answer into a miss
+NODE_B_TIMEOUT_S = 5.0
 
 
 @pytest.fixture(scope="module")
