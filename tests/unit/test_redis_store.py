@@ -392,6 +392,7 @@ def test_the_change_log_is_a_stream_written_by_commits_and_removals(redis_url: s
 
 
 def test_sentinel_finds_the_master_and_follows_a_failover(sentinel_cluster: Any) -> None:
+    sentinel_cluster.sentinel_servers[0].stop()  # the first sentinel named is down: the next
     store = open_metadata_client(sentinel_cluster.url, timeout_s=1.0, policy=StorePolicy())
     try:
         ns = _namespace(store)
