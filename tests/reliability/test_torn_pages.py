@@ -199,8 +199,8 @@ def test_page_is_not_reused_while_a_reader_holds_its_lease(pages: PageStore) -> 
 
 # --- through vLLM ----------------------------------------------------------------------
 
-EVICT_EVERY_S = 0.1  # the in-process evictor's pace
-CLI_PAUSE_S = 0.5  # between `hf3fsctl evict` runs (each start-up is a second of CPU)
+EVICT_EVERY_S = 0.5  # the in-process evictor's pace (leaves keys for the CLI between)
+POLL_S = 0.05  # how often the test looks for warm's first commit
 
 
 @dataclass
@@ -266,15 +266,17 @@ def warm_under_eviction(
     evictor.start()
     try:
         deadline = time.monotonic() + RUN_TIMEOUT_S
+        # `hf3fsctl evict --all` back to back from warm's first commit until it exits.
         while warm.poll() is None and time.monotonic() < deadline:
-            if evicted_store.db_path is not None and evicted_store.db_path.exists():
-                done_cli = cli("evict", "--config", config, "--all", "-y", "--json")
-                if done_cli.returncode == 0:
-                    report.cli_keys += int(json.loads(done_cli.stdout)["keys"])
-                    report.cli_calls += 1
-                else:
-                    report.errors.append(done_cli.stderr[-500:])
-            time.sleep(CLI_PAUSE_S)
+            if not report.cli_calls and evicted_store.counts()["committed"] == 0:
+                time.sleep(POLL_S)
+                continue
+            done_cli = cli("evict", "--config", config, "--all", "-y", "--json")
+            if done_cli.returncode == 0:
+                report.cli_keys += int(json.loads(done_cli.stdout)["keys"])
+                report.cli_calls += 1
+            else:
+                report.errors.append(done_cli.stderr[-500:])
         _, stderr = warm.communicate(timeout=max(1.0, deadline - time.monotonic()))
     finally:
         done.set()
