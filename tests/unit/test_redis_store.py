@@ -651,3 +651,27 @@ def test_doctor_checks_a_redis_stores_invariants(redis_url: str, tmp_path: Path)
     found = invariants()
     assert found["status"] == "fail" and "used pages" in found["detail"]
     store.close()
+
+
+def test_one_allocation_evicts_a_bounded_number_of_keys(redis_url: str) -> None:
+    """A watermark swing of thousands of keys is spread over allocations (each script
+    evicts at most 2,048 keys beyond its own need), so none holds Redis for long."""
+    store = RedisMetadataStore(MetadataUrl.parse(redis_url), high_watermark=0.95, low_watermark=0.5)
+    try:
+        store.set_capacity(6000 * PAGE)  # a swing of 2,700 pages
+        ns = _namespace(store)
+        for start in range(0, 5700, 1000):
+            _save(store, ns, _keys(min(1000, 5700 - start), start=start))
+        assert store.capacity().bytes_used == 5700 * PAGE  # at the high watermark
+
+        def evicted() -> int:
+            return store.namespace_stats(ns).evicted.get("capacity", [0, 0])[0]
+
+        granted = store.allocate(ns, 0, _keys(1, start=10_000)).allocated
+        assert len(granted) == 1
+        first = evicted()
+        assert 1 <= first <= 1 + 2048  # bounded, not the whole swing
+        store.allocate(ns, 0, _keys(1, start=10_001))
+        assert store.check_invariants() == []
+    finally:
+        store.close()

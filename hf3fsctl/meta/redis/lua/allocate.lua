@@ -12,6 +12,7 @@ local high, low = tonumber(ARGV[4]), tonumber(ARGV[5])
 local can_punch = ARGV[6] == '1'
 local nq = tonumber(ARGV[7])
 local at = 8 + 3 * nq
+local EVICT_BEYOND_NEED = 2048  -- keys one allocation may evict beyond its own pages
 
 local nranks = ns_ranks(ns)
 local row = require_rank_file(ns, rank)
@@ -136,7 +137,8 @@ local function fit(need, scope, limit)
     local reason = 'quota'
     if scope == nil then reason = 'capacity' end
     local batch = math.max(256, need + math.floor(swing / row.slot) + 1)
-    evict_lru(evictable_scope(scope), done, freed, reason, math.min(batch, 4096), nil)
+    evict_lru(evictable_scope(scope), done, freed, reason, math.min(batch, 4096), nil,
+      need + EVICT_BEYOND_NEED)
     if can_punch then mark_give_back(marked, ns, rank, scope) end
     refresh()
   end
@@ -197,7 +199,7 @@ if need > 0 then
     local used = row.used
     evict_lru({ns}, function() return used <= target end, function(ns2, r2, page)
       if r2 == rank then used = used - 1 end
-    end, 'file_full', math.max(256, used - target), rank)
+    end, 'file_full', math.min(4096, math.max(256, used - target)), rank, need + EVICT_BEYOND_NEED)
     row = rank_file(ns, rank)
   end
   local cap = capacity_bytes()

@@ -306,15 +306,17 @@ local function evictable(ns, key, nranks, lru, include_pinned, need_rank)
 end
 
 -- Evict least-recently-used keys of the namespaces `scope` (a list; merged by last
--- access, chain tails first among equally old keys) until `satisfied()`.
--- `on_free(ns, rank, page)` hears of every freed page. Counts them under `reason`.
-local function evict_lru(scope, satisfied, on_free, reason, batch, need_rank)
+-- access, chain tails first among equally old keys) until `satisfied()`, or `limit`
+-- keys were evicted (so one script never holds Redis for long: a swing larger than the
+-- limit is spread over the next allocations). `on_free(ns, rank, page)` hears of every
+-- freed page. Counts them under `reason`.
+local function evict_lru(scope, satisfied, on_free, reason, batch, need_rank, limit)
   local counts = {}
   local skip = {}
   local ranks = {}
   for _, ns in ipairs(scope) do skip[ns] = 0; ranks[ns] = tonumber(redis.call('HGET', k_ns(ns), 'num_ranks')) or 0 end
   local evicted = 0
-  while not satisfied() do
+  while not satisfied() and evicted < limit do
     local cands = {}
     local threshold = nil
     for _, ns in ipairs(scope) do
@@ -347,7 +349,7 @@ local function evict_lru(scope, satisfied, on_free, reason, batch, need_rank)
     local progressed = false
     for _, c in ipairs(cands) do
       if threshold ~= nil and c[3] > threshold then break end
-      if satisfied() then break end
+      if satisfied() or evicted >= limit then break end
       progressed = true
       local ns, key = c[1], c[2]
       if c[4] then
