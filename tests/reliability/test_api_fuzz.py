@@ -49,6 +49,7 @@ TOKEN = "fuzz-token-0123456789abcdef"
 MAX_BATCH = 50
 IN_PROCESS_EXAMPLES = 20  # per operation and mode, with the token
 HTTP_EXAMPLES = 6  # over a real socket: every operation, a few each
+OPEN_EXAMPLES = 6  # an app without a token
 
 STATE_REFUSALS: dict[str, tuple[str, ...]] = {
     "POST /v1/namespaces": ("ranks (TP x PP)",),  # tp_size * pp_size over 4096
@@ -115,13 +116,18 @@ def refused_by_state(label: str, failures: FailureGroup, status: int, text: str)
     return next((reason for reason in STATE_REFUSALS.get(label, ()) if reason in text), None)
 
 
-def fuzz(schema: Any, namespace: str, examples: int, tally: Tally, **call: Any) -> None:
+def fuzz(
+    schema: Any, namespace: str, examples: int, tally: Tally, token: str | None = TOKEN, **call: Any
+) -> None:
     """Run every operation of `schema` in both modes, with the token and (a few) without."""
+    runs = (
+        [({"authorization": f"Bearer {token}"}, examples), ({}, 4)] if token else [({}, examples)]
+    )
     for result in schema.get_all_operations():
         operation = result.ok()
         tally.operations.add(operation.label)
         for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE):
-            for headers, count in (({"authorization": f"Bearer {TOKEN}"}, examples), ({}, 4)):
+            for headers, count in runs:
                 run_operation(operation, mode, headers, namespace, count, tally, call)
 
 
@@ -209,6 +215,18 @@ def test_every_route_answers_as_its_schema_says_in_process(
     }
     assert tally.statuses[401] > 0 and any(200 <= s < 300 for s in tally.statuses)
     assert not any(s >= 500 for s in tally.statuses)
+
+
+def test_an_open_app_answers_as_its_schema_says(store: MetadataStore) -> None:
+    # without a token the schema documents no 401, and no route may answer one
+    app = create_app(store, max_body_bytes=64 * 1024, max_batch=MAX_BATCH)
+    namespace = register(store)
+    schema = schemathesis.openapi.from_asgi("/openapi.json", app, config=CONFIG)
+    tally = Tally()
+    fuzz(schema, namespace, OPEN_EXAMPLES, tally, token=None)
+    print(tally.report())
+    assert not tally.failures, tally.report()
+    assert tally.statuses[401] == 0 and tally.statuses[200] > 0
 
 
 @pytest.mark.integration
