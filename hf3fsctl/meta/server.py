@@ -540,6 +540,11 @@ def create_app(
     readers = ThreadPoolExecutor(READ_THREADS, thread_name_prefix="hf3fsctl-read")
     writers = ThreadPoolExecutor(WRITE_THREADS, thread_name_prefix="hf3fsctl-write")
 
+    # The SQLite store's lookup never blocks (a WAL snapshot, an in-memory index): it runs
+    # on the loop. A store whose lookup is a network round trip (Redis) says so, and its
+    # lookups go to the reader threads like every other read.
+    lookup_on_loop = not getattr(store, "lookup_does_io", False)
+
     async def read(answer: Callable[[], Response]) -> Response:
         """`answer()` (store reads: WAL snapshots, never the writer lock) in a reader thread."""
         return await asyncio.get_running_loop().run_in_executor(readers, answer)
@@ -580,7 +585,9 @@ def create_app(
     @v1.post("/lookup", response_model=LookupResponse, responses=documented(400, 404, 422))
     async def lookup(body: LookupRequest = limited(LookupRequest)) -> Response:
         """Number of leading keys committed on every rank of the namespace."""
-        return _json(b'{"hits":%d}' % store.lookup(body.namespace, body.keys))  # on the loop
+        if lookup_on_loop:
+            return _json(b'{"hits":%d}' % store.lookup(body.namespace, body.keys))
+        return await read(lambda: _json(b'{"hits":%d}' % store.lookup(body.namespace, body.keys)))
 
     @v1.post("/locate", response_model=LocateResponse, responses=documented(400, 404, 422))
     async def locate(body: LocateRequest = limited(LocateRequest)) -> Response:

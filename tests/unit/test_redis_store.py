@@ -675,3 +675,43 @@ def test_one_allocation_evicts_a_bounded_number_of_keys(redis_url: str) -> None:
         assert store.check_invariants() == []
     finally:
         store.close()
+
+
+@pytest.mark.integration
+def test_serve_answers_while_a_lookup_waits_on_redis(redis_url: str, tmp_path: Path) -> None:
+    """A Redis lookup is a network round trip: serve runs it off its event loop, so a
+    slow Redis delays that lookup, not every other request."""
+    import urllib.request
+
+    from helpers.servers import ServerProcess
+
+    config = tmp_path / "hf3fs.yaml"
+    config.write_text(
+        f"storage:\n  path: {tmp_path / 'no-root'}\nmetadata:\n  url: {redis_url}\n"
+        "  timeout_s: 20\n"
+    )
+    serve = ServerProcess(
+        config=config,
+        db_path=tmp_path / "unused.db",
+        port=free_port(),
+        token=None,
+        log_path=tmp_path / "serve.log",
+    ).start()
+    client = open_metadata_client(serve.url, timeout_s=20)
+    admin = RedisMetadataStore(MetadataUrl.parse(redis_url))
+    try:
+        ns = _namespace(client)
+        admin._redis.execute_command("CLIENT", "PAUSE", 4000, "ALL")
+        waiting = threading.Thread(target=client.lookup, args=(ns, _keys(8)))
+        waiting.start()
+        time.sleep(0.3)  # the lookup is now waiting on Redis inside serve
+        started = time.monotonic()
+        with urllib.request.urlopen(f"{serve.url}/openapi.json", timeout=10) as response:
+            assert response.status == 200
+        assert time.monotonic() - started < 2.0  # not held for the 4 s pause
+        waiting.join(30)
+        assert not waiting.is_alive()
+    finally:
+        client.close()
+        admin.close()
+        serve.stop()

@@ -157,6 +157,8 @@ class RedisMetadataStore:
         prefix: the prefix of every key (several stores can share one Redis database).
     """
 
+    lookup_does_io = True  # `hf3fsctl serve` runs its lookups off the event loop
+
     def __init__(
         self,
         target: MetadataUrl,
