@@ -309,7 +309,8 @@ class DirectRoutes:
     — what the app's handlers answer. A body that is missing, not JSON or invalid goes on
     to the app (replayed), which answers it as FastAPI does. This skips Starlette's
     exception middleware, FastAPI's exit stack, the route table and the request wrappers:
-    ~30 µs of a ~200 µs lookup of 1,000 keys (measured in-process, CPU time).
+    ~30 µs of a ~200 µs lookup of 1,000 keys (measured in-process, CPU time). Being
+    called directly, these routes ignore `app.dependency_overrides` (this app sets none).
     """
 
     def __init__(self, app: ASGIApp, routes: dict[tuple[str, str], ModelBodyRoute]) -> None:
