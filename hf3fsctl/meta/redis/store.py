@@ -231,18 +231,19 @@ class RedisMetadataStore:
         try:
             if self._puncher.available():
                 self._give_back(_marks(self._run("marks", [STALE_MARK_S])))
-            if self.capacity().capacity_bytes is not None:
+            held = self.capacity()
+            if held.capacity_bytes is not None:
                 return
+            root = self.policy.storage_root
+            if root is None or not Path(root).is_dir():
+                logger.debug("Redis store %s has no recorded capacity: unbounded", self.url)
+                return
+            value = resolve_capacity(self.policy.capacity, root, held.bytes_used)
+            key = self._key("info")
+            if self._read(lambda: self._redis.hsetnx(key, "capacity_bytes", value)):
+                logger.info("Redis store %s: capacity %d bytes recorded", self.url, value)
         except MetadataUnavailable as exc:  # connecting is lazy: a call will say so again
             logger.debug("Redis store %s: not reachable at open: %s", self.url, exc)
-            return
-        root = self.policy.storage_root
-        if root is None or not Path(root).is_dir():
-            logger.debug("Redis store %s has no recorded capacity: unbounded", self.url)
-            return
-        value = resolve_capacity(self.policy.capacity, root, self.capacity().bytes_used)
-        if self._read(lambda: self._redis.hsetnx(self._key("info"), "capacity_bytes", value)):
-            logger.info("Redis store %s: capacity %d bytes recorded", self.url, value)
 
     # --- namespaces ----------------------------------------------------------------------
 
