@@ -8,10 +8,12 @@ Starts `hf3fsctl serve` (a token, loopback, a bounded store: `--capacity-pages` 
 (`hf3fsctl.bench.metadata.measure`) *at once* for the whole duration: 8 client processes
 doing allocate + commit of 64 keys (evicting), 4 doing lookups of 1,000 keys, 4 locating
 64 — 16 clients. Every `--sample-s` seconds it records the server's RSS and open file
-descriptors. It prints and writes one JSON document: per operation the calls, failed
-and unfinished calls, ops/s and latency percentiles; the samples; and the least-squares
-slope of RSS (bytes/min) and fds (per min) after the first minute (warm-up). A clean
-soak has zero failed or unfinished calls and slopes near zero.
+descriptors, and the database's size (each SQLite connection caches up to 32 MiB of it,
+so RSS may grow towards that while the file does). It prints and writes one JSON
+document: per operation the calls, failed and unfinished calls, ops/s and latency
+percentiles; the samples; and the least-squares slope of RSS (bytes/min) and fds (per
+min) after the first minute (warm-up). A clean soak has zero failed or unfinished calls
+and slopes near zero.
 
 Loopback only, bounded in time (`--minutes`, plus set-up), never part of `make test`.
 """
@@ -148,6 +150,11 @@ def _open_fds(pid: int) -> int:
         return 0
 
 
+def _db_bytes(directory: Path) -> int:
+    """The metadata database with its WAL: what SQLite's page cache can grow towards."""
+    return sum(p.stat().st_size for p in directory.glob("metadata.db*") if p.is_file())
+
+
 def _slope_per_min(samples: list[dict[str, float]], field: str, skip_s: float) -> float | None:
     """Least-squares slope of `field` over time (per minute), samples after `skip_s`."""
     points = [(s["t_s"], s[field]) for s in samples if s["t_s"] >= skip_s]
@@ -189,6 +196,7 @@ def soak(minutes: float, entries: int, capacity_pages: int, sample_s: float) -> 
                             "t_s": round(time.monotonic() - start, 1),
                             "rss_bytes": float(rss_bytes(server.pid)),
                             "open_fds": float(_open_fds(server.pid)),
+                            "db_bytes": float(_db_bytes(Path(tmp))),
                         }
                     )
                     stop.wait(sample_s)

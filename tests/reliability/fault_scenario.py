@@ -4,7 +4,8 @@
   file) and their token ids as vLLM tokenizes them (the engine runs get the ids, so
   block counts are exact and every run compares to one baseline).
 - `make_store`: a config file for a store under a directory (embedded SQLite unless told
-  otherwise), `Store.kv_config()` for vLLM, `Store.db()` for direct looks at SQLite.
+  otherwise), `Store.kv_config()` for vLLM, `Store.db()` for direct looks at SQLite,
+  `invariants(db_path)` for the store's own consistency check.
 - `spawn_engine` / `EngineProcess`: one real vLLM engine in a child process
   (`hf3fsctl.vllm_tools.runner`) that the test can SIGKILL or run beside another;
   `EngineProcess.result()` gives the same `EngineResult` as `run_engine`.
@@ -119,6 +120,18 @@ class Store:
             rows = dict(conn.execute("SELECT state, COUNT(*) FROM entries GROUP BY state"))
             free = conn.execute("SELECT COUNT(*) FROM free_pages").fetchone()[0]
         return {"committed": rows.get(1, 0), "pending": rows.get(0, 0), "free": int(free)}
+
+
+def invariants(db_path: Path | None) -> list[str]:
+    """`MetadataStore.check_invariants()` of a SQLite store (opened and closed here)."""
+    from hf3fsctl.meta.store import MetadataStore
+
+    assert db_path is not None
+    store = MetadataStore(db_path)
+    try:
+        return store.check_invariants()
+    finally:
+        store.close()
 
 
 def make_store(

@@ -20,6 +20,7 @@ from fault_scenario import (
     Prompts,
     Store,
     engine_run,
+    invariants,
     make_store,
     scrub,
     spawn_engine,
@@ -114,8 +115,7 @@ def test_two_engines_leak_no_page(two_engines: list[EngineResult], shared_store:
         high_water = conn.execute("SELECT SUM(next_unused) FROM rank_files").fetchone()[0]
     assert counts["pending"] == 0
     assert high_water == counts["committed"] + counts["free"]
-    assert shared_store.db_path is not None
-    assert MetadataStore(shared_store.db_path).check_invariants() == []
+    assert invariants(shared_store.db_path) == []
 
 
 @pytest.mark.e2e

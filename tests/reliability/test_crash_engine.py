@@ -24,9 +24,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from fault_scenario import Prompts, Store, engine_run, make_store, scrub, spawn_engine
+from fault_scenario import (
+    Prompts,
+    Store,
+    engine_run,
+    invariants,
+    make_store,
+    scrub,
+    spawn_engine,
+)
 
-from hf3fsctl.meta.store import MetadataStore
 from hf3fsctl.vllm_tools.runner import EngineResult, run_engine
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -106,8 +113,7 @@ def test_no_committed_entry_points_at_an_unwritten_page(killed: Killed) -> None:
 
 
 def test_store_is_sound_after_the_engine_died(killed: Killed) -> None:
-    assert killed.store.db_path is not None
-    assert MetadataStore(killed.store.db_path).check_invariants() == []
+    assert invariants(killed.store.db_path) == []
 
 
 def test_next_engine_gives_the_no_connector_tokens(

@@ -26,13 +26,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fault_scenario import invariants
 from helpers.meta_builders import keys, register
 from helpers.servers import TOKEN, ServerProcess, start_server
 from metadata_storm import logged, storm
 
 import hf3fsctl
 from hf3fsctl.meta.http import HttpMetadataClient
-from hf3fsctl.meta.store import MetadataStore
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -76,7 +76,7 @@ def _backend(
 ) -> tuple[str, Callable[[Path], list[str]]]:
     """The serve config lines for a store kind, and its invariant check (by db path)."""
     if name == "sqlite":
-        return "", lambda db: MetadataStore(db).check_invariants()
+        return "", invariants
     package = Path(hf3fsctl.__file__).parent
     if not any((package / f).is_file() for f in _REDIS_STORE_FILES):
         pytest.skip("no Redis metadata store in the tree yet (hf3fsctl/meta/redis_store.py)")
@@ -88,7 +88,7 @@ def _backend(
     request.addfinalizer(redis.stop)
     url = redis.url
 
-    def invariants(_: Path) -> list[str]:
+    def redis_invariants(_: Path) -> list[str]:
         from hf3fsctl.config import load_config
         from hf3fsctl.meta.client import connect
 
@@ -100,7 +100,7 @@ def _backend(
         finally:
             client.close()
 
-    return f"  url: {url}\n", invariants
+    return f"  url: {url}\n", redis_invariants
 
 
 def _acks(directory: Path, worker: int) -> int:

@@ -38,6 +38,7 @@ from fault_scenario import (
     committed_pages,
     engine_run,
     flip_bytes,
+    invariants,
     make_store,
     scrub,
     swap_pages,
@@ -333,8 +334,7 @@ def test_evictions_removed_keys_while_warm_wrote(warm_under_eviction: WarmUnderE
 def test_store_is_sound_after_warm_under_eviction(
     warm_under_eviction: WarmUnderEviction, evicted_store: Store
 ) -> None:
-    assert evicted_store.db_path is not None
-    assert MetadataStore(evicted_store.db_path).check_invariants() == []
+    assert invariants(evicted_store.db_path) == []
     checks = scrub(evicted_store.config_file)
     assert all(c["status"] == "ok" for c in checks), checks
 
