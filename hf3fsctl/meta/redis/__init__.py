@@ -4,7 +4,7 @@
 `rediss://…` (TLS) or `redis+sentinel://HOST:PORT[,HOST:PORT]/SERVICE[/DB]`
 (`connection.py`). Every multi-key operation is one Lua script (`lua/*.lua`, with
 `lua/common.lua` prepended), run atomically by Redis in one round trip; `lookup` is one
-pipelined round trip of a native `SMISMEMBER` and a counter script.
+pipelined round trip of a native `HMGET` and a counter script.
 
 Key layout (every key starts with the prefix `{hf3fsctl}:`, one hash tag):
 
@@ -13,7 +13,7 @@ Key layout (every key starts with the prefix `{hf3fsctl}:`, one hash tag):
 | `info` | hash | `capacity_bytes` (the store's one budget) |
 | `namespaces` | zset | namespace id → created |
 | `manifests` | hash | namespace id → canonical manifest JSON |
-| `ns:NS` | hash | `num_ranks`, `model`, `key_bytes`, traffic counters, `created`, `last_used` |
+| `ns:NS` | hash | `num_ranks`, `model`, `key_bytes`, `keys` (committed on every rank), traffic counters, `created`, `last_used` |
 | `model:MODEL` | set | the namespaces of a model (quotas by model name) |
 | `files` | set | `NS:RANK` of every registered page file |
 | `rf:NS:RANK` | hash | the page file: `path`, `page_bytes`, `slot`, `num_pages`, `prealloc`, `next_unused`, `used`, `holes` |
@@ -22,8 +22,7 @@ Key layout (every key starts with the prefix `{hf3fsctl}:`, one hash tag):
 | `free:NS:RANK` | zset | free page that holds its space → reusable after (the freed entry's lease) |
 | `give:NS:RANK` | zset | page marked to give back → when marked (punch, then settle) |
 | `holes:NS:RANK` | zset | page whose space was punched back → when |
-| `c:NS` | hash | key → ranks committed |
-| `done:NS` | set | keys committed on every rank (`lookup` asks it, `SMISMEMBER`) |
+| `c:NS` | hash | key → ranks committed (`lookup` reads it with a native `HMGET`) |
 | `lru:NS` | zset | key with a committed rank → last access |
 | `pins:NS` | hash | key → `"expires created"` (0: no TTL) |
 | `ev:NS` | hash | `REASON:keys`, `REASON:bytes` evicted (capacity, quota, file_full, admin, corrupt) |

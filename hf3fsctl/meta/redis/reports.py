@@ -152,7 +152,6 @@ def store_stats(
         for f in _rank_files(client, prefix, ns, num_ranks):
             used += int(f["used"])
             live += int(f["used"]) * int(f["slot"])
-        complete = int(client.scard(f"{prefix}done:{ns}"))
         newest = client.zrange(f"{prefix}lru:{ns}", -1, -1, withscores=True)
         accessed = float(newest[0][1]) if newest else None
         pins = len(_live_pins(client, prefix, ns, now))
@@ -165,7 +164,7 @@ def store_stats(
                 id=ns,
                 manifest=json.loads(manifests[ns]),
                 num_ranks=num_ranks,
-                keys=complete,
+                keys=int(c.get("keys", 0)),
                 pages_used=used,
                 bytes_live=live,
                 bytes_used=held.get(ns, 0),
@@ -421,9 +420,11 @@ def invariants(client: Redis, prefix: str) -> list[str]:
         counts = {k: int(v) for k, v in _scan(client, f"{prefix}c:{ns}")}
         if counts != dict(committed):
             problems.append(f"namespace {ns}: committed counts differ from its entries")
-        complete = {key for key, n in committed.items() if n >= num_ranks}
-        if set(client.sscan_iter(f"{prefix}done:{ns}", count=1000)) != complete:
-            problems.append(f"namespace {ns}: its set of complete keys differs from its entries")
+        complete = sum(1 for n in committed.values() if n >= num_ranks)
+        if int(c.get("keys", 0)) != complete:
+            problems.append(
+                f"namespace {ns} counts {c.get('keys')} complete keys but {complete} are"
+            )
         lru = set(_members(client, f"{prefix}lru:{ns}"))
         if lru != set(committed):
             problems.append(f"namespace {ns}: LRU members differ from its committed keys")

@@ -40,6 +40,6 @@ if #done_keys > 0 then
   call_chunked('ZADD', lk, lru_args, 2)
   call_chunked('ZREM', pk, done_keys, 1)
 end
-if #complete > 0 then call_chunked('SADD', k_done(ns), complete, 1) end
+if #complete > 0 then redis.call('HINCRBY', k_ns(ns), 'keys', #complete) end
 flush_changes()
 return #done_keys

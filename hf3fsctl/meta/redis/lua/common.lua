@@ -27,7 +27,6 @@ local function k_holes(ns, r) return P .. 'holes:' .. ns .. ':' .. r end  -- zse
 local function k_give(ns, r) return P .. 'give:' .. ns .. ':' .. r end   -- zset page -> marked at
 local function k_pend(ns, r) return P .. 'pend:' .. ns .. ':' .. r end   -- zset key -> deadline
 local function k_c(ns) return P .. 'c:' .. ns end               -- hash: key -> committed ranks
-local function k_done(ns) return P .. 'done:' .. ns end         -- set: keys committed on every rank
 local function k_lru(ns) return P .. 'lru:' .. ns end           -- zset key -> last access
 local function k_pins(ns) return P .. 'pins:' .. ns end         -- hash: key -> "expires created"
 local function k_ev(ns) return P .. 'ev:' .. ns end             -- hash: reason:keys / reason:bytes
@@ -222,7 +221,7 @@ local function drop_key(ns, key, nranks)
   end
   if had > 0 then
     local c = tonumber(redis.call('HGET', k_c(ns), key)) or 0
-    if c >= nranks then redis.call('SREM', k_done(ns), key) end
+    if c >= nranks then redis.call('HINCRBY', k_ns(ns), 'keys', -1) end
     redis.call('HDEL', k_c(ns), key)
   end
   redis.call('ZREM', k_lru(ns), key)

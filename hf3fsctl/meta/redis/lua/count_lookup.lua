@@ -1,10 +1,12 @@
 -- count_lookup: the traffic counters of one lookup, sent in the same pipeline as the
--- lookup's SMISMEMBER (the hot read itself runs natively, outside Lua). Also adds the
+-- lookup's HMGET (the hot read itself runs natively, outside Lua); returns the
+-- namespace's ranks, which a key must all have committed to count. Also adds the
 -- hits of this process's earlier lookups, which were known only once they answered.
 -- ARGV: ns ('' to count only the earlier hits), number of keys, then (ns, hits) pairs.
 -- NOTFOUND if `ns` is not registered.
 local ns = ARGV[1]
-if ns ~= '' then ns_ranks(ns) end  -- before any write: a failed call counts nothing
+local nranks = 0
+if ns ~= '' then nranks = ns_ranks(ns) end  -- before any write: a failed call counts nothing
 for i = 3, #ARGV, 2 do
   if redis.call('EXISTS', k_ns(ARGV[i])) == 1 then
     redis.call('HINCRBY', k_ns(ARGV[i]), 'hit_keys', ARGV[i + 1])
@@ -15,4 +17,4 @@ local nk = k_ns(ns)
 redis.call('HINCRBY', nk, 'lookups', 1)
 redis.call('HINCRBY', nk, 'lookup_keys', ARGV[2])
 redis.call('HSET', nk, 'last_used', NOW_S)
-return 1
+return nranks

@@ -27,7 +27,7 @@ for r = 0, nranks - 1 do
 end
 local model = redis.call('HGET', k_ns(ns), 'model')
 if model then redis.call('SREM', P .. 'model:' .. model, ns) end
-redis.call('UNLINK', k_c(ns), k_done(ns), k_lru(ns), k_pins(ns), k_ev(ns), k_ns(ns))
+redis.call('UNLINK', k_c(ns), k_lru(ns), k_pins(ns), k_ev(ns), k_ns(ns))
 redis.call('HDEL', K_MANIFESTS, ns)
 redis.call('HDEL', K_HELD, ns)
 redis.call('HDEL', K_GIVING, ns)

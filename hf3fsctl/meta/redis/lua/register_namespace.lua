@@ -6,7 +6,7 @@ local existing = redis.call('HGET', K_MANIFESTS, ns)
 if existing == false then
   redis.call('HSET', K_MANIFESTS, ns, text)
   redis.call('HSET', k_ns(ns), 'num_ranks', ARGV[3], 'created', f6(NOW), 'last_used', f6(NOW),
-    'hits', 0, 'lookups', 0, 'lookup_keys', 0, 'hit_keys', 0, 'model', ARGV[4],
+    'hits', 0, 'lookups', 0, 'lookup_keys', 0, 'hit_keys', 0, 'keys', 0, 'model', ARGV[4],
     'key_bytes', ARGV[5])
   redis.call('ZADD', K_NAMESPACES, f6(NOW), ns)
   redis.call('SADD', P .. 'model:' .. ARGV[4], ns)
