@@ -51,6 +51,7 @@ class Killed:
     at_kill: dict[str, int]  # entry counts the test saw just before the kill
     pending: dict[str, int]  # key → page of the allocations the kill left pending
     committed: int  # committed entries after the kill
+    killed_at: float  # time.time() of the kill
 
 
 def _pending(store: Store) -> dict[str, int]:
@@ -74,9 +75,10 @@ def _kill_mid_save(model: Path, prompts: Prompts, directory: Path) -> Killed:
             time.sleep(POLL_S)
     finally:
         engine.kill()
+    killed_at = time.time()
     if store.db_path is None or not store.db_path.exists():
-        return Killed(store, seen, {}, 0)
-    return Killed(store, seen, _pending(store), store.counts()["committed"])
+        return Killed(store, seen, {}, 0, killed_at)
+    return Killed(store, seen, _pending(store), store.counts()["committed"], killed_at)
 
 
 @pytest.fixture(scope="module")
@@ -98,7 +100,8 @@ def killed(
 @pytest.fixture(scope="module")
 def next_engine(fault_model: Path, fault_prompts: Prompts, killed: Killed) -> EngineResult:
     """A fresh engine on the crashed store, once the dead writer's deadline has passed."""
-    time.sleep(PENDING_S + 0.2)  # it takes seconds to start anyway: this makes it sure
+    # Every allocation the dead engine made has a deadline before this.
+    time.sleep(max(0.0, killed.killed_at + PENDING_S + 0.2 - time.time()))
     return run_engine(engine_run(fault_model, fault_prompts, killed.store.kv_config()))
 
 
