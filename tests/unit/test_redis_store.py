@@ -715,3 +715,22 @@ def test_serve_answers_while_a_lookup_waits_on_redis(redis_url: str, tmp_path: P
         client.close()
         admin.close()
         serve.stop()
+
+
+def test_a_redis_that_evicts_by_itself_is_warned_about(
+    redis_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    admin = RedisMetadataStore(MetadataUrl.parse(redis_url))
+    try:
+        admin._redis.config_set("maxmemory-policy", "allkeys-lru")
+        with caplog.at_level(logging.WARNING):
+            RedisMetadataStore(MetadataUrl.parse(redis_url)).close()
+        assert "maxmemory-policy allkeys-lru" in caplog.text
+        admin._redis.config_set("maxmemory-policy", "noeviction")
+        caplog.clear()
+        with caplog.at_level(logging.WARNING):
+            RedisMetadataStore(MetadataUrl.parse(redis_url)).close()
+        assert "maxmemory-policy" not in caplog.text
+    finally:
+        admin._redis.config_set("maxmemory-policy", "noeviction")
+        admin.close()

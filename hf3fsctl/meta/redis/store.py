@@ -229,6 +229,7 @@ class RedisMetadataStore:
         """Finish marks a crashed process left; record the policy's default capacity
         when the store has none and the storage root is here to size it from."""
         try:
+            self._warn_if_redis_evicts()
             if self._puncher.available():
                 self._give_back(_marks(self._run("marks", [STALE_MARK_S])))
             held = self.capacity()
@@ -244,6 +245,23 @@ class RedisMetadataStore:
                 logger.info("Redis store %s: capacity %d bytes recorded", self.url, value)
         except MetadataUnavailable as exc:  # connecting is lazy: a call will say so again
             logger.debug("Redis store %s: not reachable at open: %s", self.url, exc)
+
+    def _warn_if_redis_evicts(self) -> None:
+        """Warn when Redis may evict keys by itself (`maxmemory-policy` other than
+        `noeviction`): it would drop parts of the store and break its invariants. A Redis
+        that refuses `CONFIG GET` (managed services often do) is not asked again."""
+        try:
+            policy = self._redis.config_get("maxmemory-policy").get("maxmemory-policy")
+        except rex.ResponseError:
+            return
+        if policy and policy != "noeviction":
+            logger.warning(
+                "Redis at %s has maxmemory-policy %s: when full it evicts keys of the "
+                "metadata store itself; set maxmemory-policy noeviction (the store evicts "
+                "by itself, and a full Redis only makes saves miss)",
+                self.url,
+                policy,
+            )
 
     # --- namespaces ----------------------------------------------------------------------
 
