@@ -9,8 +9,8 @@
 - `serve` binds loopback unless told otherwise (the listening socket, read from
   /proc/net/tcp, not the log line).
 - A token file that group or others can read is warned about, in one line with the fix.
-- Neither the token nor a wrong one appears in serve's log, in CLI `--json` output or in
-  the CLI's error (even with `HF3FSCTL_DEBUG=1` tracebacks).
+- Neither the token nor a wrong one appears in serve's (debug) log, in CLI `--json`
+  output (`stats`, `doctor`) or in the CLI's error (even with `HF3FSCTL_DEBUG=1`).
 """
 
 from __future__ import annotations
@@ -176,7 +176,8 @@ def test_serve_binds_loopback_warns_and_never_shows_a_token(tmp_path: Path) -> N
             )
             stats = cli(config, "stats", "--json")
             debug_stats = cli(config, "stats", "--json", debug=True)
-            outputs += [stats, debug_stats]
+            doctor = cli(config, "doctor", "--json", debug=True)  # checks auth itself
+            outputs += [stats, debug_stats, doctor]
             assert (stats.returncode == 0) is (name == "right"), stats.stderr
             if name == "wrong":
                 assert "AuthError" in stats.stderr or "token" in stats.stderr.lower()
