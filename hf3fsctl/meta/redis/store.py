@@ -250,10 +250,14 @@ class RedisMetadataStore:
         """Warn when Redis may evict keys by itself (`maxmemory-policy` other than
         `noeviction`): it would drop parts of the store and break its invariants. A Redis
         that refuses `CONFIG GET` (managed services often do) is not asked again."""
-        try:
-            policy = self._redis.config_get("maxmemory-policy").get("maxmemory-policy")
-        except rex.ResponseError:
-            return
+
+        def read() -> Any:
+            try:
+                return self._redis.config_get("maxmemory-policy").get("maxmemory-policy")
+            except rex.ResponseError:  # CONFIG refused or renamed (NOPERM, unknown command)
+                return None
+
+        policy = self._read(read)  # refused credentials or no Redis: the typed error
         if policy and policy != "noeviction":
             logger.warning(
                 "Redis at %s has maxmemory-policy %s: when full it evicts keys of the "
