@@ -12,12 +12,14 @@ import logging
 import threading
 import time
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from helpers.redis_servers import (
     RedisServer,
+    flush,
     redis_server,
     redis_session_server,
     redis_url,
@@ -423,38 +425,81 @@ def test_sentinel_finds_the_master_and_follows_a_failover(sentinel_cluster: Any)
 # --- serve in front of Redis; TLS -------------------------------------------------------
 
 
-@pytest.mark.integration
-def test_serve_replicas_on_one_redis_are_one_store(redis_url: str, tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def replicas(
+    redis_session_server: RedisServer, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[list[Any]]:
+    """Two `hf3fsctl serve` processes over the session's Redis (store calls may wait 20 s)."""
     from helpers.servers import ServerProcess
 
-    config = tmp_path / "hf3fs.yaml"
-    config.write_text(f"storage:\n  path: {tmp_path / 'no-root'}\nmetadata:\n  url: {redis_url}\n")
-    replicas = [
+    directory = tmp_path_factory.mktemp("replicas")
+    config = directory / "hf3fs.yaml"
+    config.write_text(
+        f"storage:\n  path: {directory / 'no-root'}\nmetadata:\n"
+        f"  url: {redis_session_server.url}\n  timeout_s: 20\n"
+    )
+    started = [
         ServerProcess(
             config=config,
-            db_path=tmp_path / "unused.db",
+            db_path=directory / "unused.db",
             port=free_port(),
             token=None,
-            log_path=tmp_path / f"serve-{i}.log",
+            log_path=directory / f"serve-{i}.log",
         ).start()
         for i in range(2)
     ]
+    try:
+        yield started
+    finally:
+        for replica in started:
+            replica.stop()
+
+
+@pytest.mark.integration
+def test_serve_replicas_on_one_redis_are_one_store(
+    redis_session_server: RedisServer, replicas: list[Any]
+) -> None:
+    flush(redis_session_server)
     clients = [open_metadata_client(replica.url, timeout_s=10) for replica in replicas]
     try:
         ns = _namespace(clients[0])
         _save(clients[0], ns, _keys(12))
         assert clients[1].lookup(ns, _keys(12)) == 12  # the other replica sees it at once
         assert clients[1].allocate(ns, 0, _keys(12)).existing == _keys(12)
-        replicas[0].stop()
-        assert clients[1].health()["store"] == "redis"
-        direct = RedisMetadataStore(MetadataUrl.parse(redis_url))
+        direct = RedisMetadataStore(MetadataUrl.parse(redis_session_server.url))
         assert direct.stats().namespaces[0].lookups == 1  # counted in Redis, not a process
         direct.close()
     finally:
         for client in clients:
             client.close()
-        for replica in replicas:
-            replica.stop()
+
+
+@pytest.mark.integration
+def test_serve_answers_while_a_lookup_waits_on_redis(
+    redis_session_server: RedisServer, replicas: list[Any]
+) -> None:
+    """A Redis lookup is a network round trip: serve runs it off its event loop, so a
+    slow Redis delays that lookup, not every other request."""
+    import urllib.request
+
+    serve = replicas[1]
+    client = open_metadata_client(serve.url, timeout_s=20)
+    admin = RedisMetadataStore(MetadataUrl.parse(redis_session_server.url))
+    try:
+        ns = _namespace(client)
+        admin._redis.execute_command("CLIENT", "PAUSE", 3000, "ALL")
+        waiting = threading.Thread(target=client.lookup, args=(ns, _keys(8)))
+        waiting.start()
+        time.sleep(0.3)  # the lookup is now waiting on Redis inside serve
+        started = time.monotonic()
+        with urllib.request.urlopen(f"{serve.url}/openapi.json", timeout=10) as response:
+            assert response.status == 200
+        assert time.monotonic() - started < 1.5  # not held for the 3 s pause
+        waiting.join(30)
+        assert not waiting.is_alive()
+    finally:
+        client.close()
+        admin.close()
 
 
 def _tls_files(directory: Path) -> tuple[Path, Path, Path]:
@@ -675,46 +720,6 @@ def test_one_allocation_evicts_a_bounded_number_of_keys(redis_url: str) -> None:
         assert store.check_invariants() == []
     finally:
         store.close()
-
-
-@pytest.mark.integration
-def test_serve_answers_while_a_lookup_waits_on_redis(redis_url: str, tmp_path: Path) -> None:
-    """A Redis lookup is a network round trip: serve runs it off its event loop, so a
-    slow Redis delays that lookup, not every other request."""
-    import urllib.request
-
-    from helpers.servers import ServerProcess
-
-    config = tmp_path / "hf3fs.yaml"
-    config.write_text(
-        f"storage:\n  path: {tmp_path / 'no-root'}\nmetadata:\n  url: {redis_url}\n"
-        "  timeout_s: 20\n"
-    )
-    serve = ServerProcess(
-        config=config,
-        db_path=tmp_path / "unused.db",
-        port=free_port(),
-        token=None,
-        log_path=tmp_path / "serve.log",
-    ).start()
-    client = open_metadata_client(serve.url, timeout_s=20)
-    admin = RedisMetadataStore(MetadataUrl.parse(redis_url))
-    try:
-        ns = _namespace(client)
-        admin._redis.execute_command("CLIENT", "PAUSE", 4000, "ALL")
-        waiting = threading.Thread(target=client.lookup, args=(ns, _keys(8)))
-        waiting.start()
-        time.sleep(0.3)  # the lookup is now waiting on Redis inside serve
-        started = time.monotonic()
-        with urllib.request.urlopen(f"{serve.url}/openapi.json", timeout=10) as response:
-            assert response.status == 200
-        assert time.monotonic() - started < 2.0  # not held for the 4 s pause
-        waiting.join(30)
-        assert not waiting.is_alive()
-    finally:
-        client.close()
-        admin.close()
-        serve.stop()
 
 
 def test_a_redis_that_evicts_by_itself_is_warned_about(
