@@ -179,7 +179,7 @@ end
 local function held(scope) return sum_hash(K_HELD, scope) end
 local function giving_bytes(scope) return sum_hash(K_GIVING, scope) end
 
-local function count_evictions(counts, ns, reason, keys, bytes)
+local function count_evictions(counts, ns, keys, bytes)
   -- counts: ns -> {keys, bytes}, applied by apply_evictions
   local c = counts[ns]
   if not c then c = {0, 0}; counts[ns] = c end
@@ -358,7 +358,7 @@ local function evict_lru(scope, satisfied, on_free, reason, batch, need_rank, li
           bytes = bytes + file_slot(ns, fr[1])
           on_free(ns, fr[1], fr[2])
         end
-        count_evictions(counts, ns, reason, 1, bytes)
+        count_evictions(counts, ns, 1, bytes)
         evicted = evicted + 1
       elseif c[5] == -1 then
         redis.call('ZREM', k_lru(ns), key)  -- no committed entry left: not a candidate

@@ -100,7 +100,7 @@ for _, c in ipairs(cands) do
     bytes_used = bytes_used - bytes
     keys = keys + 1
     by_ns[ns] = (by_ns[ns] or 0) + 1
-    count_evictions(counts, ns, 'admin', 1, bytes)
+    count_evictions(counts, ns, 1, bytes)
   end
 end
 if (max_entries ~= nil and keys >= max_entries)

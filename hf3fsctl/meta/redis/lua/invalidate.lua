@@ -13,7 +13,7 @@ for i = 3, #ARGV, 3 do
   if e and e.state == 1 and e.page == page and e.checksum == checksum then
     local bytes = 0
     for _, fr in ipairs(drop_key(ns, key, nranks)) do bytes = bytes + file_slot(ns, fr[1]) end
-    count_evictions(counts, ns, 'corrupt', 1, bytes)
+    count_evictions(counts, ns, 1, bytes)
     dropped = dropped + 1
   end
 end
