@@ -87,6 +87,8 @@ def redis_client(
         "retry": Retry(NoBackoff(), 0),
         "health_check_interval": 30,
         "decode_responses": True,
+        # entries are packed binary: decoded losslessly (`reports.unpack_entry` re-encodes)
+        "encoding_errors": "surrogateescape",
         "username": target.username,
         "password": password,
         "db": target.db,

@@ -10,6 +10,7 @@ Redis is never held for long), as the SQLite store's `ls` and `doctor` scan its 
 from __future__ import annotations
 
 import json
+import struct
 from collections import defaultdict
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
@@ -49,22 +50,28 @@ def _now(client: Redis) -> float:
     return float(seconds) + float(micros) / 1e6
 
 
+_ENTRY = struct.Struct("<B9d")  # common.lua's ENTRY: state, 9 doubles, then the checksum
+
+
 def unpack_entry(value: str) -> dict[str, Any]:
-    """An entry's fields (the packed string `common.lua` writes)."""
-    parts = value.split(" ", 10)
-    state, page, depth, created, last, hits, deadline, lease, free_at, size = parts[:10]
+    """An entry's fields (the packed binary `common.lua` writes; redis-py hands it over
+    decoded with `surrogateescape`, so encoding it back gives the bytes)."""
+    raw = value.encode("utf-8", "surrogateescape")
+    state, page, depth, created, last, hits, deadline, lease, free_at, size = _ENTRY.unpack_from(
+        raw
+    )
     return {
-        "state": int(state),
+        "state": state,
         "page": int(page),
         "depth": int(depth),
-        "created": float(created),
-        "last_access": float(last),
+        "created": created,
+        "last_access": last,
         "hits": int(hits),
-        "deadline": float(deadline),
-        "lease_until": float(lease),
-        "page_free_at": float(free_at),
+        "deadline": deadline,
+        "lease_until": lease,
+        "page_free_at": free_at,
         "size": int(size),
-        "checksum": parts[10] if len(parts) > 10 else "",
+        "checksum": raw[_ENTRY.size :].decode("utf-8", "replace"),
     }
 
 

@@ -33,9 +33,9 @@ for i, key in ipairs(wanted) do
   if e == nil then
     new_keys[#new_keys + 1] = key
   elseif e.state == 0 and e.deadline < NOW then  -- a dead writer's page: regrant it
-    e.deadline, e.deadline_s = deadline, deadline_s
+    e.deadline = deadline
     e.depth = depth_of[key]
-    if NOW > e.created then e.created, e.created_s = NOW, NOW_S end
+    if NOW > e.created then e.created = NOW end
     entry_args[#entry_args + 1] = key
     entry_args[#entry_args + 1] = pack_entry(e)
     pend_args[#pend_args + 1] = deadline_s
@@ -222,9 +222,8 @@ for i, key in ipairs(new_keys) do
   if p == nil then
     no_space[#no_space + 1] = key
   else
-    local e = {state = 0, page = p[1], depth = depth_of[key], created_s = NOW_S, last_s = NOW_S,
-      hits = 0, deadline_s = deadline_s, lease_s = ZERO_S, freeat = p[2], size = 0, checksum = ''}
-    if p[2] == 0 then e.freeat_s = ZERO_S end
+    local e = {state = 0, page = p[1], depth = depth_of[key], created = NOW, last = NOW,
+      hits = 0, deadline = deadline, lease = 0, freeat = p[2], size = 0, checksum = ''}
     entry_args[#entry_args + 1] = key
     entry_args[#entry_args + 1] = pack_entry(e)
     pend_args[#pend_args + 1] = deadline_s

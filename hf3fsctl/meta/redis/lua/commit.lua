@@ -20,8 +20,8 @@ for n, key in ipairs(keys) do
     e.state = 1
     e.checksum = ARGV[i + 2]
     e.size = tonumber(ARGV[i + 3])
-    e.deadline_s = ZERO_S
-    e.last_s = NOW_S
+    e.deadline = 0
+    e.last = NOW
     entry_args[#entry_args + 1] = key
     entry_args[#entry_args + 1] = pack_entry(e)
     local c = (tonumber(counts[n]) or 0) + 1

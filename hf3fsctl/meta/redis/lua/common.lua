@@ -41,30 +41,30 @@ local K_SEQ = P .. 'seq'              -- the last change's SEQ
 local CHANGES_KEEP = 200000
 
 -- entries --------------------------------------------------------------------------
--- "state page depth created last_access hits deadline lease_until page_free_at size checksum"
--- Times keep the text they were read as (`*_s`): a field a script did not change is
--- written back as it was, with no float formatting (the costliest part of a rewrite).
-local NOW_S = f6(NOW)
-local ZERO_S = '0.000000'
+-- An entry is packed binary (`struct`, one C call each way, ~4x cheaper than parsing
+-- text): state (byte), then page, depth, created, last_access, hits, deadline,
+-- lease_until, page_free_at, size (little-endian doubles: times to the microsecond,
+-- integers exact below 2^53), then the checksum's bytes. `reports.unpack_entry` reads
+-- the same layout.
+local ENTRY = '<Bddddddddd'
 
 local function unpack_entry(v)
   if not v then return nil end
-  local s, page, depth, created, last, hits, deadline, lease, freeat, size, sum = string.match(
-    v, '^(%d) (%d+) (%d+) (%S+) (%S+) (%d+) (%S+) (%S+) (%S+) (%d+) ?(.*)$')
+  local s, page, depth, created, last, hits, deadline, lease, freeat, size, at =
+    struct.unpack(ENTRY, v)
   return {
-    state = tonumber(s), page = tonumber(page), depth = tonumber(depth),
-    created = tonumber(created), last = tonumber(last), hits = tonumber(hits),
-    deadline = tonumber(deadline), lease = tonumber(lease), freeat = tonumber(freeat),
-    size = tonumber(size), checksum = sum,
-    created_s = created, last_s = last, deadline_s = deadline, lease_s = lease, freeat_s = freeat,
+    state = s, page = page, depth = depth, created = created, last = last, hits = hits,
+    deadline = deadline, lease = lease, freeat = freeat, size = size,
+    checksum = string.sub(v, at),
   }
 end
 
 local function pack_entry(e)
-  return table.concat({e.state, e.page, e.depth, e.created_s or f6(e.created),
-    e.last_s or f6(e.last), e.hits, e.deadline_s or f6(e.deadline), e.lease_s or f6(e.lease),
-    e.freeat_s or f6(e.freeat), e.size, e.checksum or ''}, ' ')
+  return struct.pack(ENTRY, e.state, e.page, e.depth, e.created, e.last, e.hits, e.deadline,
+    e.lease, e.freeat, e.size) .. (e.checksum or '')
 end
+
+local NOW_S = f6(NOW)
 
 -- the change log ---------------------------------------------------------------------
 -- Each stream entry is a run of consecutive changes of one namespace and sign: fields

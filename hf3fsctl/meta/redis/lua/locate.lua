@@ -6,15 +6,14 @@ local ek = k_e(ns, rank)
 local values = hmget_all(ek, ARGV, 4)
 local out, entry_args, lru_args = {}, {}, {}
 local until_ = NOW + lease_s
-local until_s = f6(until_)
 local stamp = NOW_S
 for j = 1, #ARGV - 3 do
   local e = unpack_entry(values[j])
   if e and e.state == 1 then
     local key = ARGV[j + 3]
     e.hits = e.hits + 1
-    e.last_s = NOW_S
-    if until_ > e.lease then e.lease_s = until_s end
+    e.last = NOW
+    if until_ > e.lease then e.lease = until_ end
     entry_args[#entry_args + 1] = key
     entry_args[#entry_args + 1] = pack_entry(e)
     lru_args[#lru_args + 1] = stamp
