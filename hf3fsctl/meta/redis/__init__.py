@@ -17,7 +17,7 @@ Key layout (every key starts with the prefix `{hf3fsctl}:`, one hash tag):
 | `model:MODEL` | set | the namespaces of a model (quotas by model name) |
 | `files` | set | `NS:RANK` of every registered page file |
 | `rf:NS:RANK` | hash | the page file: `path`, `page_bytes`, `slot`, `num_pages`, `prealloc`, `next_unused`, `used`, `holes` |
-| `e:NS:RANK` | hash | key → entry `"state page depth created last_access hits deadline lease_until page_free_at size checksum"` |
+| `e:NS:RANK` | hash | key → entry, packed (`struct` `<Bddddddddd`, then the checksum): state, page, depth, created, last_access, hits, deadline, lease_until, page_free_at, size |
 | `pend:NS:RANK` | zset | pending key → writer deadline |
 | `free:NS:RANK` | zset | free page that holds its space → reusable after (the freed entry's lease) |
 | `give:NS:RANK` | zset | page marked to give back → when marked (punch, then settle) |
