@@ -15,9 +15,11 @@
 - Errors (`call`): no connection, a timeout, a server still loading or read-only (a
   failover in progress) → `MetadataUnavailable`; refused credentials → `AuthError`; the
   scripts' own errors (`NOTFOUND`, `INVALID`, `CONFLICT` …) → `NotFound`,
-  `InvalidRequest`, `NamespaceConflict`. A read-only call that lost its connection is
-  retried once on a fresh one (a stale pooled connection, a master that moved); a
-  mutating call never is, and a timeout is never retried (it would double the wait).
+  `InvalidRequest`, `NamespaceConflict`. A pooled connection the server closed while
+  idle is replaced before use (redis-py checks it), so only a connection lost during a
+  call fails it: a read-only call is then retried once on a fresh one (a reset, a master
+  that moved); a mutating call never is, and a timeout is never retried (it would double
+  the wait).
 """
 
 from __future__ import annotations
