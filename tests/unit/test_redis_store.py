@@ -28,7 +28,7 @@ from helpers.redis_servers import (
 from helpers.servers import free_port
 
 from hf3fsctl.config import MetadataUrl, build_config
-from hf3fsctl.errors import AuthError, ConfigError, MetadataUnavailable
+from hf3fsctl.errors import AuthError, ConfigError, MetadataUnavailable, StoreFormatError
 from hf3fsctl.keys import namespace_id
 from hf3fsctl.meta.client import connect, open_metadata_client
 from hf3fsctl.meta.models import CommitItem, EvictRequest, RankFile
@@ -367,6 +367,23 @@ def test_two_prefixes_are_two_stores_in_one_database(redis_url: str) -> None:
     finally:
         first.close()
         second.close()
+
+
+def test_the_store_records_its_format_and_refuses_another(redis_url: str) -> None:
+    import redis
+
+    store = RedisMetadataStore(MetadataUrl.parse(redis_url))
+    raw = redis.Redis.from_url(redis_url)
+    try:
+        assert raw.hget("{hf3fsctl}:info", "format") == b"1"
+        raw.hset("{hf3fsctl}:info", "format", 2)  # as a newer hf3fsctl would leave it
+        with pytest.raises(StoreFormatError, match="format 2") as refused:
+            RedisMetadataStore(MetadataUrl.parse(redis_url))
+        assert refused.value.hint is not None and "upgrade" in refused.value.hint
+    finally:
+        raw.hset("{hf3fsctl}:info", "format", 1)
+        raw.close()
+        store.close()
 
 
 def test_the_change_log_is_a_stream_written_by_commits_and_removals(redis_url: str) -> None:

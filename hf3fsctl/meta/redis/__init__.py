@@ -10,7 +10,7 @@ Key layout (every key starts with the prefix `{hf3fsctl}:`, one hash tag):
 
 | key | type | holds |
 | --- | --- | --- |
-| `info` | hash | `capacity_bytes` (the store's one budget) |
+| `info` | hash | `format` (the layout below: `store.FORMAT`; another is refused on open), `capacity_bytes` (the store's one budget) |
 | `namespaces` | zset | namespace id → created |
 | `manifests` | hash | namespace id → canonical manifest JSON |
 | `ns:NS` | hash | `num_ranks`, `model`, `key_bytes`, `keys` (committed on every rank), traffic counters, `created`, `last_used` |

@@ -35,7 +35,13 @@ import redis.exceptions as rex
 from pydantic import TypeAdapter
 
 from hf3fsctl.config import parse_amount
-from hf3fsctl.errors import Hf3fsctlError, InvalidRequest, MetadataUnavailable, NotFound
+from hf3fsctl.errors import (
+    Hf3fsctlError,
+    InvalidRequest,
+    MetadataUnavailable,
+    NotFound,
+    StoreFormatError,
+)
 from hf3fsctl.keys import check_keys, check_namespace_id, namespace_id
 from hf3fsctl.meta.capacity import GiveBack, HolePuncher
 from hf3fsctl.meta.models import (
@@ -76,6 +82,9 @@ T = TypeVar("T")
 
 PREFIX = "{hf3fsctl}:"  # one hash tag: every key of a store in one Cluster slot
 STALE_MARK_S = 60.0  # a mark this old belongs to a process that died before punching
+# The Redis store's key layout (hf3fsctl/meta/redis/__init__.py), recorded as `info.format`
+# by the first process that opens an empty store; any other value is refused on open.
+FORMAT = 1
 EVICT_BATCH = 1000  # keys an admin eviction takes per script call (tens of ms of Redis)
 _ALLOCATE_ATTEMPTS = 3
 _SETTLE_WAIT_S = 0.002
@@ -195,6 +204,7 @@ class RedisMetadataStore:
         # `close`: count its last hits then too, as the embedded client flushes its
         # counters (multiprocessing's Finalize also runs in vLLM's EngineCore children).
         self._count_at_exit = mp_util.Finalize(self, self._hits.count, exitpriority=0)
+        self._check_format()
         self._record_default_capacity()
 
     # --- plumbing ------------------------------------------------------------------------
@@ -224,6 +234,33 @@ class RedisMetadataStore:
             self._run("settle", args)
         except MetadataUnavailable as exc:  # the next store that opens settles them
             logger.warning("pages given back but not yet settled: %s", exc)
+
+    def _check_format(self) -> None:
+        """Record `FORMAT` in an empty store; refuse a store laid out in another format.
+
+        Raises:
+            StoreFormatError: the store records another format (newer: upgrade hf3fsctl;
+                older: no migration exists for Redis stores yet).
+            MetadataUnavailable: Redis cannot be reached.
+        """
+        info = self._key("info")
+        self._read(lambda: self._redis.hsetnx(info, "format", FORMAT))
+        raw = self._read(lambda: self._redis.hget(info, "format"))
+        stored = int(raw) if raw is not None else FORMAT
+        if stored == FORMAT:
+            return
+        newer = stored > FORMAT
+        raise StoreFormatError(
+            f"Redis metadata store {self.url} is in format {stored}; this hf3fsctl reads "
+            f"format {FORMAT}",
+            hint="upgrade hf3fsctl on this node to the release that wrote the store"
+            if newer
+            else "no migration exists for this Redis format: evict the store's keys "
+            "(`hf3fsctl evict --all`) with the hf3fsctl that wrote it, or use a new "
+            "Redis database",
+            stored=stored,
+            supported=FORMAT,
+        )
 
     def _record_default_capacity(self) -> None:
         """Finish marks a crashed process left; record the policy's default capacity
