@@ -100,13 +100,13 @@ def check_storage(report: Report, cfg: Config) -> bool:
         )
     else:
         report.add("storage.engine", "ok", f"{choice['engine']}: {choice['reason']}")
-    return True
-
     if choice["engine"] is None:
         report.add("storage.one_copy", "skip", "no I/O engine can be opened")
     else:
         state = "on" if choice["one_copy"] else "off"
         report.add("storage.one_copy", "ok", f"{state}: {choice['staging']}")
+    return True
+
 
 def check_metadata(report: Report, client: MetadataClient) -> bool:
     """The service answers, and accepts an authenticated call. True if both."""
