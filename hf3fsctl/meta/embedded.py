@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from multiprocessing import util as mp_util
 from typing import Any
 
+from hf3fsctl.config import MetadataUrl
 from hf3fsctl.errors import ConfigError
 from hf3fsctl.meta.models import (
     AllocateResult,
@@ -39,9 +40,7 @@ from hf3fsctl.meta.models import (
     StoreStats,
 )
 from hf3fsctl.meta.policy import StorePolicy
-from hf3fsctl.meta.store import MetadataStore, sqlite_path
-
-SCHEME = "sqlite:///"
+from hf3fsctl.meta.store import MetadataStore
 
 logger = logging.getLogger(__name__)
 
@@ -68,7 +67,7 @@ class EmbeddedMetadataClient:
 
     def __init__(
         self,
-        url: str,
+        url: str | MetadataUrl,
         *,
         timeout_s: float = 2.0,
         lease_s: float = 30.0,
@@ -76,11 +75,12 @@ class EmbeddedMetadataClient:
         low_watermark: float = 0.85,
         policy: StorePolicy | None = None,
     ) -> None:
-        if not url.startswith(SCHEME) or len(url) == len(SCHEME):
-            raise ConfigError(f"metadata.url: {url!r} is not sqlite:///PATH")
-        self.url = url
+        target = url if isinstance(url, MetadataUrl) else MetadataUrl.parse(url)
+        if not target.embedded or target.path is None:
+            raise ConfigError(f"metadata.url: {target.url!r} is not sqlite:///PATH")
+        self.url = target.url
         self.store = MetadataStore(
-            sqlite_path(url),
+            target.path,
             lease_s=lease_s,
             high_watermark=high_watermark,
             low_watermark=low_watermark,

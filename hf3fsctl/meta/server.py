@@ -816,19 +816,23 @@ def error_response(exc: Exception) -> Response:
 
 
 def store_path(store_path_or_url: str) -> str:
-    """The database path of `sqlite:///PATH` or a plain path; a Redis URL as it is."""
-    if store_path_or_url.startswith(("redis://", "rediss://", "redis+sentinel://")):
-        return store_path_or_url
-    if store_path_or_url.startswith("sqlite:///"):
-        from hf3fsctl.meta.store import sqlite_path
+    """The store `serve` fronts, as `meta.client.open_store` takes it: a plain path, or a
+    URL checked now by the one parser (`MetadataUrl`): SQLite or Redis, never a server.
 
-        return sqlite_path(store_path_or_url)
-    if "://" in store_path_or_url:
+    Raises:
+        ConfigError: a malformed URL.
+        InvalidRequest: an `http(s)://` URL (a server cannot front another server).
+    """
+    if "://" not in store_path_or_url:
+        return str(Path(store_path_or_url).expanduser())
+    from hf3fsctl.config import MetadataUrl
+
+    target = MetadataUrl.parse(store_path_or_url)
+    if not (target.embedded or target.redis):
         raise InvalidRequest(
-            f"serve needs a sqlite:///PATH, a file path or a redis:// URL, not "
-            f"{store_path_or_url!r}"
+            f"serve needs a sqlite:///PATH, a file path or a redis:// URL, not {target.url!r}"
         )
-    return str(Path(store_path_or_url).expanduser())
+    return store_path_or_url  # not target.url: that one has the password redacted
 
 
 _SETTINGS_ENV = "HF3FSCTL_SERVE_SETTINGS"
