@@ -199,7 +199,13 @@ class MetadataStore:
             self._close_connections()
             raise
         self._capacity = self._record_default_capacity()
-        self._checkpointer = WalCheckpointer(self.path).start() if background_checkpoint else None
+        self._checkpointer = (
+            WalCheckpointer(
+                self.path, limit_bytes=self._wal_pages * 4096, writer_lock=self._writer
+            ).start()
+            if background_checkpoint
+            else None
+        )
 
     # --- connections and transactions ------------------------------------------------
 
