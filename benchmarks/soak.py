@@ -150,9 +150,12 @@ def _open_fds(pid: int) -> int:
         return 0
 
 
-def _db_bytes(directory: Path) -> int:
-    """The metadata database with its WAL: what SQLite's page cache can grow towards."""
-    return sum(p.stat().st_size for p in directory.glob("metadata.db*") if p.is_file())
+def _db_bytes(directory: Path, name: str) -> int:
+    """Size of the database file or its WAL (0 when absent)."""
+    try:
+        return (directory / name).stat().st_size
+    except OSError:
+        return 0
 
 
 def _slope_per_min(samples: list[dict[str, float]], field: str, skip_s: float) -> float | None:
@@ -168,10 +171,13 @@ def _slope_per_min(samples: list[dict[str, float]], field: str, skip_s: float) -
     return 60.0 * cov / var if var > 0 else None
 
 
-def soak(minutes: float, entries: int, capacity_pages: int, sample_s: float) -> dict[str, Any]:
-    """Run the soak; returns the JSON document."""
+def soak(
+    minutes: float, entries: int, capacity_pages: int, sample_s: float, keep: Path | None = None
+) -> dict[str, Any]:
+    """Run the soak; returns the JSON document. `keep`: work there and leave it behind."""
     seconds = minutes * 60.0
-    with tempfile.TemporaryDirectory(prefix="hf3fsctl-soak-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="hf3fsctl-soak-") as scratch:
+        tmp = str(keep) if keep is not None else scratch
         server, url = _start_server(Path(tmp), capacity_pages)
         try:
             ns = NamespaceManifest(**_manifest()).namespace_id
@@ -196,7 +202,8 @@ def soak(minutes: float, entries: int, capacity_pages: int, sample_s: float) -> 
                             "t_s": round(time.monotonic() - start, 1),
                             "rss_bytes": float(rss_bytes(server.pid)),
                             "open_fds": float(_open_fds(server.pid)),
-                            "db_bytes": float(_db_bytes(Path(tmp))),
+                            "db_bytes": float(_db_bytes(Path(tmp), "metadata.db")),
+                            "wal_bytes": float(_db_bytes(Path(tmp), "metadata.db-wal")),
                         }
                     )
                     stop.wait(sample_s)
@@ -244,8 +251,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--capacity-pages", type=int, default=40_000, help="store capacity")
     parser.add_argument("--sample-s", type=float, default=5.0)
     parser.add_argument("--json-out", type=Path, default=None)
+    parser.add_argument("--dir", type=Path, default=None, help="work here and keep it")
     args = parser.parse_args(argv)
-    document = soak(args.minutes, args.entries, args.capacity_pages, args.sample_s)
+    document = soak(args.minutes, args.entries, args.capacity_pages, args.sample_s, args.dir)
     text = json.dumps(document, indent=2)
     if args.json_out is not None:
         args.json_out.write_text(text + "\n")
