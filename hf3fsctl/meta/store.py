@@ -100,14 +100,6 @@ def _require_keys(keys: Sequence[str]) -> None:
         check_keys(keys)
 
 
-def sqlite_path(url: str) -> str:
-    """The database path of a `sqlite:///ABS/PATH` URL (`sqlite:////ABS/PATH` too)."""
-    if not url.startswith("sqlite:///") or len(url) == len("sqlite:///"):
-        raise InvalidRequest(f"{url!r} is not a sqlite:///PATH URL")
-    path = url[len("sqlite://") :]
-    return path[1:] if path.startswith("//") else path
-
-
 def _wal_pages(path: str) -> int:
     """WAL pages between checkpoints: 8192 (32 MiB, fewer checkpoints), but 256 (1 MiB)
     on a small file system, where the WAL would otherwise eat the room left beside the
