@@ -238,14 +238,20 @@ class RedisMetadataStore:
     def _check_format(self) -> None:
         """Record `FORMAT` in an empty store; refuse a store laid out in another format.
 
+        A Redis that cannot be reached now is left to the calls (opening stays lazy, as
+        for the other clients); the next process that opens it checks.
+
         Raises:
             StoreFormatError: the store records another format (newer: upgrade hf3fsctl;
                 older: no migration exists for Redis stores yet).
-            MetadataUnavailable: Redis cannot be reached.
         """
         info = self._key("info")
-        self._read(lambda: self._redis.hsetnx(info, "format", FORMAT))
-        raw = self._read(lambda: self._redis.hget(info, "format"))
+        try:
+            self._read(lambda: self._redis.hsetnx(info, "format", FORMAT))
+            raw = self._read(lambda: self._redis.hget(info, "format"))
+        except MetadataUnavailable as exc:
+            logger.debug("Redis store %s: format not checked: %s", self.url, exc)
+            return
         stored = int(raw) if raw is not None else FORMAT
         if stored == FORMAT:
             return
