@@ -132,7 +132,41 @@ def check_metadata(report: Report, client: MetadataClient) -> bool:
         )
         return False
     report.add("metadata.auth", "ok", "an authenticated call (stats) was accepted")
+    check_redis(report, client)
     return True
+
+
+def check_redis(report: Report, client: MetadataClient) -> None:
+    """For a Redis store: the server's replication role and replicas, and the format."""
+    replication = getattr(client, "replication", None)
+    if replication is None:
+        return
+    try:
+        info = replication()
+    except Hf3fsctlError as exc:
+        report.add("metadata.redis", "fail", exc.message, exc.hint)
+        return
+    detail = (
+        f"Redis {info['redis_version']}, role {info['role']}, "
+        f"{info['connected_replicas']} replica(s) connected, store format {info['format']}"
+    )
+    if info["role"] != "master":
+        report.add(
+            "metadata.redis",
+            "fail",
+            detail + ": a replica refuses writes",
+            "point metadata.url at the master, or use redis+sentinel://… to follow it",
+        )
+    elif info["connected_replicas"] == 0:
+        report.add(
+            "metadata.redis",
+            "warn",
+            detail + ": no replica, so a lost master loses the metadata",
+            "add a replica and Sentinel (docs/operations.md), or accept a cold cache "
+            "after a Redis loss",
+        )
+    else:
+        report.add("metadata.redis", "ok", detail)
 
 
 def check_capacity(report: Report, cfg: Config, client: MetadataClient) -> None:

@@ -690,7 +690,7 @@ def test_cli_commands_on_a_redis_url_never_print_its_password(
     assert "redis://:***@127.0.0.1" in init.output
 
 
-def test_doctor_checks_a_redis_stores_invariants(redis_url: str, tmp_path: Path) -> None:
+def test_doctor_checks_a_redis_stores_role_and_invariants(redis_url: str, tmp_path: Path) -> None:
     import json
 
     from typer.testing import CliRunner
@@ -709,6 +709,13 @@ def test_doctor_checks_a_redis_stores_invariants(redis_url: str, tmp_path: Path)
         return next(c for c in checks if c["name"] == "metadata.invariants")
 
     assert invariants()["status"] == "ok"
+    result = CliRunner().invoke(app, ["--config", str(config), "doctor", "--json"])
+    redis_check = next(
+        c for c in json.loads(result.stdout)["checks"] if c["name"] == "metadata.redis"
+    )
+    # a lone server: the master, no replica to fail over to, the layout's format
+    assert redis_check["status"] == "warn" and "no replica" in redis_check["detail"]
+    assert "role master" in redis_check["detail"] and "store format 1" in redis_check["detail"]
     store._redis.hincrby(f"{{hf3fsctl}}:rf:{ns}:0", "used", 1)  # a count gone wrong
     found = invariants()
     assert found["status"] == "fail" and "used pages" in found["detail"]

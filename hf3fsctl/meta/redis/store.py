@@ -786,6 +786,21 @@ class RedisMetadataStore:
         count = self._read(lambda: self._redis.zcard(self._key("namespaces")))
         return {"status": "ok", "store": "redis", "namespaces": int(count)}
 
+    def replication(self) -> dict[str, Any]:
+        """What `doctor` reports of the Redis this store talks to: its role (`master` or
+        `slave`), how many replicas are connected, the link to its master (a replica),
+        the Redis version and the store's format."""
+        info = self._read(lambda: self._redis.info("replication"))
+        server = self._read(lambda: self._redis.info("server"))
+        stored = self._read(lambda: self._redis.hget(self._key("info"), "format"))
+        return {
+            "role": str(info.get("role", "?")),
+            "connected_replicas": int(info.get("connected_slaves", 0)),
+            "master_link_status": info.get("master_link_status"),
+            "redis_version": str(server.get("redis_version", "?")),
+            "format": int(stored) if stored is not None else None,
+        }
+
     def check_invariants(self) -> list[str]:
         """Every violated invariant of the store, one line each; empty when sound."""
         return self._read(lambda: reports.invariants(self._redis, self.prefix))
