@@ -22,8 +22,9 @@ Contract:
       removals made by other processes are only visible there; the scheduler side sees
       both through one log, with no cross-worker quorum to rebuild.
     * Bounded memory: at most `MAX_TRACKED` payloads wait for their commit (the oldest are
-      dropped: a failed save never completes) and `MAX_TRACKED` keys remember their last
-      published state.
+      dropped: a failed save never completes), `MAX_TRACKED` keys remember their last
+      published state, and an engine that stops stepping keeps at most `MAX_TRACKED`
+      queued events (the newest; logged once).
 """
 
 from __future__ import annotations
@@ -113,6 +114,7 @@ class StoreEvents:
         self._removed: list[bytes] = []
         self._since = -1  # where the next read of the log starts (-1: at its end)
         self._missed_logged = False
+        self._overflow_logged = False
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="hf3fsctl-events", daemon=True)
         self._thread.start()
@@ -204,6 +206,18 @@ class StoreEvents:
                 else:
                     self._on_removal(change.key)
             self._since = log.next_seq
+            # An engine that does not step does not take its events: keep the newest.
+            queued = len(self._stored) + len(self._removed)
+            if queued > MAX_TRACKED:
+                del self._stored[: max(0, len(self._stored) - MAX_TRACKED // 2)]
+                del self._removed[: max(0, len(self._removed) - MAX_TRACKED // 2)]
+                if not self._overflow_logged:
+                    self._overflow_logged = True
+                    logger.warning(
+                        "KV events: %d events queued while the engine took none; the "
+                        "oldest were dropped",
+                        queued,
+                    )
 
     def _on_commit(self, key: str) -> None:
         waiting = self._waiting.get(key)

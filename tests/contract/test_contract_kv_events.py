@@ -111,3 +111,20 @@ def test_removals_by_anyone_are_announced_once_per_key(
     assert [e.block_hashes for e in again if isinstance(e, BlockRemoved)] == [
         [_external(bytes.fromhex(keys[0]))]
     ]
+
+
+def test_an_engine_that_takes_no_events_keeps_only_the_newest(
+    world: tuple[MetadataClient, str, StoreEvents], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import hf3fsctl_connector.events as events_module
+
+    store, ns, events = world
+    monkeypatch.setattr(events_module, "MAX_TRACKED", 4)
+    keys = [p.block_hash.hex() for p in _payloads(10, salt=2)]
+    for key in keys:  # one at a time: the log orders the removals as the evictions ran
+        store_keys(store, ns, [key], ranks=2)
+    store.evict(EvictRequest(namespace=ns, all=True))
+    events.poll()
+    (removed,) = events.take_events()
+    assert isinstance(removed, BlockRemoved)
+    assert 0 < len(removed.block_hashes) <= 4
