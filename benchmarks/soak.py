@@ -24,7 +24,6 @@ import argparse
 import json
 import multiprocessing
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -36,39 +35,22 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from hf3fsctl.bench.metadata import PAGE_BYTES, StoreSpec, key, measure, rss_bytes
+from hf3fsctl.bench.metadata import (
+    PAGE_BYTES,
+    StoreSpec,
+    bench_manifest,
+    bench_rank_file,
+    fill_spec,
+    measure,
+    rss_bytes,
+)
+from hf3fsctl.bench.metadata_peers import free_port
 from hf3fsctl.keys import NamespaceManifest
-from hf3fsctl.meta.models import CommitItem, RankFile
-from hf3fsctl.storage.layout import rank_file_name, slot_bytes
+from hf3fsctl.storage.layout import slot_bytes
 
 TOKEN = "soak-token-0123456789abcdef"
 MIX = {"alloc_commit": 8, "lookup": 4, "locate": 4}  # clients per operation: 16
 STORED_TAG = "soak-stored"
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _manifest() -> dict[str, Any]:
-    return NamespaceManifest(
-        model="soak",
-        revision="soak",
-        kv_dtype="bfloat16",
-        block_size=16,
-        layout="LBNHC",
-        backend="FLASH_ATTN",
-        num_layers=32,
-        num_kv_heads=8,
-        head_dim=128,
-        tp_size=1,
-        pp_size=1,
-        page_bytes=PAGE_BYTES,
-        hash_algorithm="sha256",
-        none_hash="00" * 32,
-    ).to_dict()
 
 
 def _start_server(directory: Path, capacity_pages: int) -> tuple[subprocess.Popen[bytes], str]:
@@ -82,7 +64,7 @@ def _start_server(directory: Path, capacity_pages: int) -> tuple[subprocess.Pope
         f"storage:\n  path: {directory / 'storage'}\n  capacity: {capacity}\n"
         f"metadata:\n  url: sqlite:///{directory / 'metadata.db'}\n"
     )
-    port = _free_port()
+    port = free_port()
     log = (directory / "serve.log").open("wb")
     flags = ["--host", "127.0.0.1", "--port", str(port), "--token-file", str(token_file)]
     flags += ["--log-level", "warning"]
@@ -110,29 +92,11 @@ def _fill(spec: StoreSpec) -> None:
     client = spec.client()
     try:
         ns = spec.namespaces[0]
-        client.register_namespace(ns, _manifest())
-        slot = slot_bytes(PAGE_BYTES)
-        client.register_rank(
-            ns,
-            RankFile(
-                rank=0,
-                path=rank_file_name(ns, 0),
-                page_bytes=PAGE_BYTES,
-                slot_bytes=slot,
-                num_pages=(1 << 40) // slot,
-                preallocated=False,
-            ),
-        )
-        for start in range(0, spec.entries, 4096):
-            keys = [key(STORED_TAG, i) for i in range(start, min(spec.entries, start + 4096))]
-            granted = client.allocate(ns, 0, keys, first_depth=start).allocated
-            items = [
-                CommitItem(key=a.key, page=a.page, checksum=f"xxh3:{a.page:016x}", size=PAGE_BYTES)
-                for a in granted
-            ]
-            client.commit(ns, 0, items)
+        client.register_namespace(ns, bench_manifest("soak"))
+        client.register_rank(ns, bench_rank_file(ns))
     finally:
         client.close()
+    fill_spec(spec, 4096)
 
 
 def _cell(spec: StoreSpec, op: str, clients: int, seconds: float, out: Any) -> None:
@@ -180,7 +144,7 @@ def soak(
         tmp = str(keep) if keep is not None else scratch
         server, url = _start_server(Path(tmp), capacity_pages)
         try:
-            ns = NamespaceManifest(**_manifest()).namespace_id
+            ns = NamespaceManifest(**bench_manifest("soak")).namespace_id
             spec = StoreSpec("soak", url, TOKEN, (ns,), STORED_TAG, entries)
             _fill(spec)
             context = multiprocessing.get_context("spawn")

@@ -53,7 +53,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -69,6 +68,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from hf3fsctl.bench import report
+from hf3fsctl.bench.metadata_peers import free_port
 from hf3fsctl.errors import Hf3fsctlError, InvalidRequest, MetadataUnavailable
 
 if TYPE_CHECKING:
@@ -226,7 +226,7 @@ def key(tag: str, index: int) -> str:
     return hashlib.sha256(f"{tag}-{index}".encode()).hexdigest()
 
 
-def _manifest(model: str) -> dict[str, Any]:
+def bench_manifest(model: str) -> dict[str, Any]:
     from hf3fsctl.keys import NamespaceManifest
 
     return NamespaceManifest(
@@ -253,7 +253,7 @@ def _namespace_id(manifest: dict[str, Any]) -> str:
     return NamespaceManifest(**manifest).namespace_id
 
 
-def _rank_file(namespace: str) -> Any:
+def bench_rank_file(namespace: str) -> Any:
     from hf3fsctl.meta.models import RankFile
     from hf3fsctl.storage.layout import GROWABLE_MAX_BYTES, rank_file_name, slot_bytes
 
@@ -314,7 +314,7 @@ def _create_store(
     """Create and fill one store (in a child process); returns its spec and database."""
     full = name in FULL_OPS
     count = FULL_NAMESPACES if name == "full_8ns" else 1
-    manifests = [_manifest(f"hf3fsctl-bench/{run}/{name}/{i}") for i in range(count)]
+    manifests = [bench_manifest(f"hf3fsctl-bench/{run}/{name}/{i}") for i in range(count)]
     namespaces = tuple(_namespace_id(m) for m in manifests)
     db = directory / f"{name}.db"
     root = directory / f"storage-{name}"
@@ -354,7 +354,7 @@ def _fill_store(
         store.set_capacity(capacity)
         for ns, manifest in zip(spec.namespaces, manifests, strict=True):
             store.register_namespace(ns, manifest)
-            store.register_rank(ns, _rank_file(ns))
+            store.register_rank(ns, bench_rank_file(ns))
             PageFile.create_growable(root, ns, 0, PAGE_BYTES).close()
         for number, start in enumerate(range(0, spec.entries, FILL_CHUNK)):
             ns = spec.namespaces[number % len(spec.namespaces)]
@@ -506,12 +506,6 @@ def _child_env() -> dict[str, str]:
     return env
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 class Server:
     """A real `hf3fsctl serve` on loopback over one store, with a token."""
 
@@ -530,7 +524,7 @@ class Server:
         self.workers = workers
         self.metadata_url = metadata_url or f"sqlite:///{db}"
         self.name = name or spec.name
-        self.port = _free_port()
+        self.port = free_port()
         self.token = secrets.token_hex(16)
         self.log_path = directory / f"serve-{self.name}.log"
         self.process: subprocess.Popen[bytes] | None = None
@@ -1125,7 +1119,7 @@ def _run_mode(
 IN_TREE_SPARE_PAGES = 1 << 20  # pages beyond the filled ones, for the alloc_commit cells
 
 
-def _fill_spec(spec: StoreSpec, chunk: int) -> float:
+def fill_spec(spec: StoreSpec, chunk: int) -> float:
     """Fill `spec`'s first namespace with its entries through its client; seconds taken."""
     client = spec.client()
     began = time.monotonic()
@@ -1144,7 +1138,7 @@ def _register_main(spec: StoreSpec, manifest: dict[str, Any]) -> None:
     try:
         client.set_capacity(UNBOUNDED_BYTES)
         client.register_namespace(spec.namespaces[0], manifest)
-        client.register_rank(spec.namespaces[0], _rank_file(spec.namespaces[0]))
+        client.register_rank(spec.namespaces[0], bench_rank_file(spec.namespaces[0]))
     finally:
         client.close()
 
@@ -1180,20 +1174,20 @@ def _run_peer(
             assert server.process is not None
             spec = StoreSpec("main", server.url, None, ("in-tree",), stored_tag, settings.entries)
             before = rss_bytes(server.process.pid)
-            fill["seconds"] = _fill_spec(spec, FILL_CHUNK)
+            fill["seconds"] = fill_spec(spec, FILL_CHUNK)
             memory = _memory(settings.entries, before, rss_bytes(server.process.pid), None)
             memory["process"] = "vLLM's in-tree metadata server, before/after the fill"
             rows = _cells(mode, spec, main_ops, settings, tag, say)
         url = server.url
     else:
-        manifest = _manifest(f"hf3fsctl-bench/{run_id}/{mode}")
+        manifest = bench_manifest(f"hf3fsctl-bench/{run_id}/{mode}")
         namespace = _namespace_id(manifest)
         with RedisServer(directory / "redis") as redis:
             assert redis.process is not None
             spec = StoreSpec("main", redis.url(), None, (namespace,), stored_tag, settings.entries)
             _register_main(spec, manifest)
             before = rss_bytes(redis.process.pid)
-            fill["seconds"] = _fill_spec(spec, FILL_CHUNK)
+            fill["seconds"] = fill_spec(spec, FILL_CHUNK)
             memory = _memory(settings.entries, before, rss_bytes(redis.process.pid), None)
             memory["process"] = "redis-server, before/after the fill"
             if mode == "redis":
@@ -1257,7 +1251,7 @@ def _run_url(
     settings: MetadataSettings, ops: list[str], tag: str, run_id: str, say: report.Progress
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     assert settings.url is not None
-    manifest = _manifest(f"hf3fsctl-bench/{run_id}/main")
+    manifest = bench_manifest(f"hf3fsctl-bench/{run_id}/main")
     ns = _namespace_id(manifest)
     spec = StoreSpec(
         name="main",
@@ -1271,7 +1265,7 @@ def _run_url(
     try:
         client.health()
         client.register_namespace(ns, manifest)
-        client.register_rank(ns, _rank_file(ns))
+        client.register_rank(ns, bench_rank_file(ns))
         say(f"filling namespace {ns} on {settings.url}: {settings.entries:,} entries")
         began = time.monotonic()
         _fill_url(client, spec)
