@@ -23,7 +23,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from contract_backends import DEFAULT_BACKENDS, Backend, redis_store_missing
+from contract_backends import DEFAULT_BACKENDS, Backend
 from helpers.redis_servers import redis_session_server, redis_url
 
 __all__ = ["redis_session_server", "redis_url"]
@@ -42,11 +42,6 @@ def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]
     kind: str = request.param
     redis: str | None = None
     if kind == "redis":
-        if redis_store_missing():
-            pytest.skip(
-                "the Redis store (hf3fsctl/meta/redis_store.py) is not in this tree yet: "
-                "the redis parameter runs once it is"
-            )
         redis = request.getfixturevalue("redis_url")
     made = Backend(kind, tmp_path, redis)
     try:

@@ -16,7 +16,6 @@ from typing import Any
 import pytest
 from helpers.servers import free_port
 
-import hf3fsctl
 from hf3fsctl.config import Config, load_config
 from hf3fsctl.meta.client import MetadataClient, connect
 
@@ -24,13 +23,6 @@ DEFAULT_BACKENDS = ("sqlite", "redis")
 ALL_BACKENDS = ("sqlite", "redis", "http")
 # Where the Redis store lives (a module or a package); the `redis` parameter skips only
 # while neither is in the tree.
-REDIS_STORE_FILES = ("meta/redis_store.py", "meta/redis/__init__.py")
-
-
-def redis_store_missing() -> bool:
-    """Whether the Redis store is absent from this tree (it is being written)."""
-    package = Path(hf3fsctl.__file__).parent
-    return not any((package / name).is_file() for name in REDIS_STORE_FILES)
 
 
 class InProcessServer:
