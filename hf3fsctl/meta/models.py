@@ -249,6 +249,27 @@ class StoreStats(_Model):
     pinned_bytes: int
     max_pinned_bytes: int | None
 
+    @classmethod
+    def summed(
+        cls,
+        namespaces: list[NamespaceStats],
+        capacity_bytes: int | None,
+        max_pinned_bytes: int | None,
+    ) -> StoreStats:
+        """The store's figures: its namespaces' totals under its capacity."""
+        held = sum(n.bytes_used for n in namespaces)
+        return cls(
+            namespaces=namespaces,
+            capacity_bytes=capacity_bytes,
+            bytes_used=held,
+            bytes_free=None if capacity_bytes is None else max(0, capacity_bytes - held),
+            bytes_live=sum(n.bytes_live for n in namespaces),
+            pages_used=sum(n.pages_used for n in namespaces),
+            pinned_keys=sum(n.pinned_keys for n in namespaces),
+            pinned_bytes=sum(n.pinned_bytes for n in namespaces),
+            max_pinned_bytes=max_pinned_bytes,
+        )
+
     @property
     def usage(self) -> float:
         """Held bytes as a share of the capacity (0 when unbounded)."""

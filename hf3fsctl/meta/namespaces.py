@@ -48,15 +48,16 @@ def insert_namespace(
     return namespace_info(conn, namespace)
 
 
-def insert_rank_file(
-    conn: sqlite3.Connection, namespace: str, rank_file: RankFile
-) -> NamespaceInfo:
-    """Record one rank's page file, or return the namespace if identical (write transaction)."""
-    info = namespace_info(conn, namespace)
+def check_rank_file(info: NamespaceInfo, rank_file: RankFile) -> None:
+    """Refuse a rank file its namespace cannot have (every store checks the same).
+
+    Raises:
+        InvalidRequest: the rank is out of range, `page_bytes` differs from the
+            manifest's, or `slot_bytes` is smaller than `page_bytes`.
+    """
     if rank_file.rank >= info.num_ranks:
         raise InvalidRequest(
-            f"rank {rank_file.rank} is out of range: namespace {namespace} "
-            f"has {info.num_ranks} ranks"
+            f"rank {rank_file.rank} is out of range: namespace {info.id} has {info.num_ranks} ranks"
         )
     page_bytes = info.manifest.get("page_bytes")
     if isinstance(page_bytes, int) and page_bytes != rank_file.page_bytes:
@@ -65,6 +66,14 @@ def insert_rank_file(
         )
     if rank_file.slot_bytes < rank_file.page_bytes:
         raise InvalidRequest("rank file slot_bytes is smaller than page_bytes")
+
+
+def insert_rank_file(
+    conn: sqlite3.Connection, namespace: str, rank_file: RankFile
+) -> NamespaceInfo:
+    """Record one rank's page file, or return the namespace if identical (write transaction)."""
+    info = namespace_info(conn, namespace)
+    check_rank_file(info, rank_file)
     for existing in info.rank_files:
         if existing.rank == rank_file.rank:
             if existing != rank_file:

@@ -83,15 +83,4 @@ def store_stats(
                 evicted=evicted.get(ns, {}),
             )
         )
-    held_total = sum(n.bytes_used for n in namespaces)
-    return StoreStats(
-        namespaces=namespaces,
-        capacity_bytes=capacity,
-        bytes_used=held_total,
-        bytes_free=None if capacity is None else max(0, capacity - held_total),
-        bytes_live=sum(n.bytes_live for n in namespaces),
-        pages_used=sum(n.pages_used for n in namespaces),
-        pinned_keys=sum(n.pinned_keys for n in namespaces),
-        pinned_bytes=sum(n.pinned_bytes for n in namespaces),
-        max_pinned_bytes=max_pinned,
-    )
+    return StoreStats.summed(namespaces, capacity, max_pinned)

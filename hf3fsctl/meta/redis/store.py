@@ -66,7 +66,7 @@ from hf3fsctl.meta.models import (
     StoreStats,
     page_triples,
 )
-from hf3fsctl.meta.namespaces import manifest_ranks
+from hf3fsctl.meta.namespaces import check_rank_file, manifest_ranks
 from hf3fsctl.meta.policy import StorePolicy, resolve_capacity
 from hf3fsctl.meta.redis import reports
 from hf3fsctl.meta.redis.connection import call, load_scripts, redis_client
@@ -338,20 +338,7 @@ class RedisMetadataStore:
 
     def register_rank(self, namespace: str, rank_file: RankFile) -> NamespaceInfo:
         """Record one rank's page file; `NamespaceConflict` if it differs from before."""
-        info = self.get_namespace(namespace)
-        if rank_file.rank >= info.num_ranks:
-            raise InvalidRequest(
-                f"rank {rank_file.rank} is out of range: namespace {namespace} "
-                f"has {info.num_ranks} ranks"
-            )
-        page_bytes = info.manifest.get("page_bytes")
-        if isinstance(page_bytes, int) and page_bytes != rank_file.page_bytes:
-            raise InvalidRequest(
-                f"rank file page_bytes {rank_file.page_bytes} differs from the manifest's "
-                f"{page_bytes}"
-            )
-        if rank_file.slot_bytes < rank_file.page_bytes:
-            raise InvalidRequest("rank file slot_bytes is smaller than page_bytes")
+        check_rank_file(self.get_namespace(namespace), rank_file)
         self._run(
             "register_rank",
             [
