@@ -50,7 +50,7 @@ def store_file(cfg: Config, db: Path | None, command: str) -> Path:
             f"metadata.url is a Redis store ({target.url}): `hf3fsctl {command.split()[0]}` "
             "works on SQLite stores only",
             hint="back Redis up with its own tools: `redis-cli -u URL --rdb FILE` against "
-            "the master (or BGSAVE there and copy dump.rdb); it records no format to migrate",
+            "the master (or BGSAVE there and copy dump.rdb); Redis stores have no migrations yet",
         )
     path = context.sqlite_path(target)
     if path is None:
