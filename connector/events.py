@@ -115,6 +115,7 @@ class StoreEvents:
         self._since = -1  # where the next read of the log starts (-1: at its end)
         self._missed_logged = False
         self._overflow_logged = False
+        self._failure_logged = False
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="hf3fsctl-events", daemon=True)
         self._thread.start()
@@ -183,8 +184,12 @@ class StoreEvents:
                     self.poll()
                 except MetadataUnavailable:
                     pass  # the guard logs outages; the next poll resumes from _since
-                except Exception:
-                    logger.exception("KV events: reading the store's change log failed")
+                except Exception:  # a bug, not an outage: in full once, then at debug
+                    if self._failure_logged:
+                        logger.debug("KV events: reading the change log failed", exc_info=True)
+                    else:
+                        self._failure_logged = True
+                        logger.exception("KV events: reading the store's change log failed")
             self._stop.wait(self._poll_s)
 
     def poll(self) -> None:
