@@ -187,12 +187,14 @@ def open_metadata_client(
     low_watermark: float = 0.85,
     policy: StorePolicy | None = None,
     ca_file: str | None = None,
+    read_only: bool = False,
 ) -> MetadataClient:
     """Open the client for a metadata URL (`sqlite:///…`, `http(s)://…`, `redis://…`,
     `rediss://…` or `redis+sentinel://…`).
 
     The store-side settings (lease, watermarks, capacity policy) apply to the stores this
-    process runs (embedded SQLite, Redis); a server uses its own.
+    process runs (embedded SQLite, Redis); a server uses its own. `read_only` opens an
+    embedded SQLite store for reading only (no writer lock; other backends ignore it).
     """
     from hf3fsctl.config import MetadataUrl
 
@@ -207,6 +209,7 @@ def open_metadata_client(
             high_watermark=high_watermark,
             low_watermark=low_watermark,
             policy=policy,
+            read_only=read_only,
         )
     if target.redis:
         from hf3fsctl.meta.redis import RedisMetadataStore
@@ -301,8 +304,11 @@ def open_store(
     )
 
 
-def connect(config: Config) -> MetadataClient:
-    """Open the metadata client a configuration points at (reads the token file)."""
+def connect(config: Config, *, read_only: bool = False) -> MetadataClient:
+    """Open the metadata client a configuration points at (reads the token file).
+
+    `read_only`: an embedded SQLite store is opened for reading only.
+    """
     token = metadata_token(config)
     from hf3fsctl.meta.policy import StorePolicy
 
@@ -316,4 +322,5 @@ def connect(config: Config) -> MetadataClient:
         low_watermark=md.low_watermark,
         policy=StorePolicy.from_config(config),
         ca_file=md.ca_file,
+        read_only=read_only,
     )

@@ -63,6 +63,7 @@ class EmbeddedMetadataClient:
         high_watermark: allocate evicts above this usage…
         low_watermark: … down to this one.
         policy: capacity, pins, quotas and the storage root (`StorePolicy`).
+        read_only: read the store only (`MetadataStore`'s `read_only`).
     """
 
     def __init__(
@@ -74,6 +75,7 @@ class EmbeddedMetadataClient:
         high_watermark: float = 0.95,
         low_watermark: float = 0.85,
         policy: StorePolicy | None = None,
+        read_only: bool = False,
     ) -> None:
         target = url if isinstance(url, MetadataUrl) else MetadataUrl.parse(url)
         if not target.embedded or target.path is None:
@@ -86,6 +88,7 @@ class EmbeddedMetadataClient:
             low_watermark=low_watermark,
             busy_timeout_s=timeout_s,
             policy=policy,
+            read_only=read_only,
         )
         # Flushes when the client is collected or its process exits, unless `close` (which
         # flushes itself) cancelled it first. multiprocessing's Finalize rather than

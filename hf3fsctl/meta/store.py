@@ -34,6 +34,7 @@ handler (16 embedded writer processes: p99 seconds → milliseconds).
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import sqlite3
@@ -46,7 +47,7 @@ from typing import Any, TypeVar
 
 from pydantic import TypeAdapter
 
-from hf3fsctl.errors import InvalidRequest, MetadataUnavailable, NotFound
+from hf3fsctl.errors import InvalidRequest, MetadataUnavailable, NotFound, StorageError
 from hf3fsctl.keys import check_keys, check_namespace_id
 from hf3fsctl.meta import capacity as room
 from hf3fsctl.meta import migration, namespaces, pins, schema
@@ -113,6 +114,33 @@ def _wal_pages(path: str) -> int:
     return 8192 if total >= 4 << 30 else 256
 
 
+def _read_only_error(path: str) -> StorageError:
+    return StorageError(
+        f"metadata store {path} is read-only here (read-only mount or no write permission)",
+        hint="remount it read-write or fix its permissions (`hf3fsctl doctor` says which); "
+        "`stats`, `ls` and `doctor` read it as it is",
+    )
+
+
+def _open_writer_lock(path: str) -> WriterLock:
+    """The writer lock of a store to be written (its directory made if missing).
+
+    Raises:
+        StorageError: the directory or lock file cannot be written (read-only mount,
+            permissions), instead of an `OSError` traceback.
+    """
+    try:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        return WriterLock(path + ".lock")
+    except OSError as exc:
+        if exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+            raise _read_only_error(path) from None
+        raise StorageError(
+            f"metadata store {path}: cannot open its lock file: {exc.strerror}",
+            errno=exc.errno,
+        ) from None
+
+
 def _placeholders(n: int) -> str:
     return ",".join("?" * n)
 
@@ -141,6 +169,9 @@ class MetadataStore:
             long-running processes (the server).
         policy: capacity, pins, quotas and the storage root (`StorePolicy`). Without
             one the store is unbounded, as are pins, and freed space stays in its files.
+        read_only: open an existing store for reading only (`stats`, `ls`, `doctor`):
+            no writer lock, no schema or capacity written, every write refused with
+            `StorageError`; on a read-only file system the file is opened immutable.
     """
 
     def __init__(
@@ -155,6 +186,7 @@ class MetadataStore:
         durable: bool = False,
         background_checkpoint: bool = False,
         policy: StorePolicy | None = None,
+        read_only: bool = False,
     ) -> None:
         if not 0 <= low_watermark <= high_watermark <= 1:
             raise InvalidRequest(
@@ -176,8 +208,9 @@ class MetadataStore:
         self._local = threading.local()
         self._connections: list[sqlite3.Connection] = []
         self._connections_lock = threading.Lock()
-        Path(self.path).parent.mkdir(parents=True, exist_ok=True)
-        self._writer = WriterLock(self.path + ".lock")
+        self.read_only = read_only
+        self._immutable = False  # read-only and on a file system that refuses even -shm
+        self._writer: WriterLock | None = None if read_only else _open_writer_lock(self.path)
         self._wal_pages = _wal_pages(self.path)
         self._counters: dict[str, list[int]] = {}  # namespace → [lookups, keys, hits]
         self._counters_lock = threading.Lock()
@@ -193,23 +226,56 @@ class MetadataStore:
         self._capacity = self._record_default_capacity()
         self._checkpointer = (
             WalCheckpointer(
-                self.path, limit_bytes=self._wal_pages * 4096, writer_lock=self._writer
+                self.path, limit_bytes=self._wal_pages * 4096, writer_lock=self._lock()
             ).start()
-            if background_checkpoint
+            if background_checkpoint and not read_only
             else None
         )
 
     # --- connections and transactions ------------------------------------------------
 
-    def _conn(self) -> sqlite3.Connection:
-        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
-        if conn is None:
-            conn = sqlite3.connect(
+    def _lock(self) -> WriterLock:
+        if self._writer is None:
+            raise _read_only_error(self.path)
+        return self._writer
+
+    def _connect(self) -> sqlite3.Connection:
+        if not self.read_only:
+            return sqlite3.connect(
                 self.path,
                 timeout=self.busy_timeout_s,
                 isolation_level=None,
                 check_same_thread=False,
             )
+        if not Path(self.path).is_file():
+            raise NotFound(f"metadata database {self.path} does not exist")
+        uri = Path(self.path).absolute().as_uri()
+        if not self._immutable:
+            try:
+                conn = sqlite3.connect(
+                    uri + "?mode=ro",
+                    uri=True,
+                    timeout=self.busy_timeout_s,
+                    isolation_level=None,
+                    check_same_thread=False,
+                )
+                conn.execute("SELECT 1 FROM sqlite_master LIMIT 1")
+                return conn
+            except sqlite3.OperationalError:
+                if os.access(os.path.dirname(self.path) or ".", os.W_OK):
+                    raise
+            # WAL readers need `-shm`; where it cannot be created (a read-only mount)
+            # the file is read as it is, as if nobody wrote it meanwhile.
+            self._immutable = True
+            logger.info("metadata store %s: read-only file system, opened immutable", self.path)
+        return sqlite3.connect(
+            uri + "?immutable=1", uri=True, isolation_level=None, check_same_thread=False
+        )
+
+    def _conn(self) -> sqlite3.Connection:
+        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = self._connect()
             conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout_s * 1000)}")
             conn.execute(f"PRAGMA synchronous = {'FULL' if self.durable else 'NORMAL'}")
             conn.execute("PRAGMA temp_store = MEMORY")
@@ -230,6 +296,11 @@ class MetadataStore:
         """
         with self._unavailable_on_busy():
             conn = self._conn()
+            if self.read_only:
+                version = schema.stored_version(conn)
+                if version is not None and version != schema.SCHEMA_VERSION:
+                    raise migration.format_error(self.path, version)
+                return
             mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
             if str(mode).lower() != "wal":
                 logger.warning("metadata store %s: journal_mode is %s, not WAL", self.path, mode)
@@ -260,6 +331,8 @@ class MetadataStore:
             recorded = self._stored_capacity(conn)
             held = room.held_bytes(conn)
             marked = room.marked_give_back(conn)
+        if self.read_only:
+            return recorded
         if marked and self._can_punch():
             self._finish_marks()  # a crash came between marking and punching
         if recorded is not None:
@@ -369,7 +442,9 @@ class MetadataStore:
                 raise MetadataUnavailable(
                     f"metadata store {self.path} stayed busy for {self.busy_timeout_s:g}s"
                 ) from None
-            if "full" in text or "readonly" in text or "read-only" in text or "i/o" in text:
+            if "readonly" in text or "read-only" in text or "unable to open" in text:
+                raise _read_only_error(self.path) from None
+            if "full" in text or "i/o" in text:
                 raise MetadataUnavailable(
                     f"metadata store {self.path} cannot be written: {exc}",
                     hint="free space on its file system, or check that it is writable",
@@ -379,7 +454,7 @@ class MetadataStore:
     @contextmanager
     def _exclusive(self) -> Iterator[None]:
         """The writer lock of the database (all threads and processes), or unavailable."""
-        with self._writer.hold(self.busy_timeout_s) as got:
+        with self._lock().hold(self.busy_timeout_s) as got:
             if not got:
                 raise MetadataUnavailable(
                     f"metadata store {self.path}: another writer held it for "
@@ -425,8 +500,10 @@ class MetadataStore:
             )
 
     def flush(self) -> None:
-        """Write the in-memory lookup counters now."""
-        if self._counters:
+        """Write the in-memory lookup counters now (a read-only store drops them)."""
+        if self.read_only:
+            self._counters = {}
+        elif self._counters:
             with self._write():
                 pass
 
@@ -471,7 +548,8 @@ class MetadataStore:
                 conn.close()
             self._connections.clear()
         self._local = threading.local()
-        self._writer.close()
+        if self._writer is not None:
+            self._writer.close()
 
     def backup(
         self, out: str | os.PathLike[str], *, progress: Progress | None = None
@@ -558,6 +636,8 @@ class MetadataStore:
         A lookup must not wait for writers (the server answers lookups on its event loop):
         when the lock is taken the counters stay in memory for the next write.
         """
+        if self._writer is None:
+            return
         with self._writer.try_hold() as got:
             if not got:
                 return
