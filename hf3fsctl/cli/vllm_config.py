@@ -20,7 +20,7 @@ import typer
 
 from hf3fsctl.cli import context
 from hf3fsctl.cli.options import ConfigOpt
-from hf3fsctl.connector_config import kv_transfer_config
+from hf3fsctl.config.connector import kv_transfer_config
 
 
 def vllm_config(

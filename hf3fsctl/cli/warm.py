@@ -165,7 +165,7 @@ def warm(
 def _run(
     cfg: Any, client: Any, plan: WarmPlan, options: Any, document: dict[str, Any], json: bool
 ) -> None:
-    from hf3fsctl.connector_config import kv_transfer_config
+    from hf3fsctl.config.connector import kv_transfer_config
     from hf3fsctl.offline.warm import WarmInterrupted, run_warm
 
     todo = plan.by_status("todo")

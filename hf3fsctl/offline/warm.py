@@ -390,7 +390,7 @@ def run_warm(
         client: the store (to re-check the plan in the engine's namespace).
         plan: from `plan_warm`.
         options: engine settings.
-        kv_transfer_config: `hf3fsctl.connector_config.kv_transfer_config(config)`.
+        kv_transfer_config: `hf3fsctl.config.connector.kv_transfer_config(config)`.
         on_progress: called after every chunk with the counts so far.
         on_engine: called once the engine is up, with the number of prompts to run.
 

@@ -1,0 +1,133 @@
+"""`MetadataUrl`: the one parser of metadata URLs (sqlite, http(s), redis, rediss, sentinel).
+
+Contract: `MetadataUrl.parse` accepts exactly the documented forms or raises `ConfigError`
+naming the key; a password never appears in `url`, `repr` or an error message.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from hf3fsctl.errors import ConfigError
+
+_HTTP_RE = re.compile(r"(https?)://([^/\s]+)(/\S*)?")
+
+
+class MetadataUrl(BaseModel):
+    """A parsed metadata URL.
+
+    - `sqlite:///PATH`: embedded (`path`).
+    - `http(s)://HOST:PORT[/PREFIX]`: `hf3fsctl serve` (`base`, without a trailing slash).
+    - `redis://[USER[:PASSWORD]@]HOST:PORT[/DB]`, `rediss://…` (TLS): one Redis server;
+      `redis+sentinel://[USER[:PASSWORD]@]HOST:PORT[,HOST:PORT…]/SERVICE[/DB]`: the master
+      of `SERVICE` as Redis Sentinels report it (`hosts` are the sentinels). The password
+      is `password` only: `url` and `repr` show it as `***`, so logging either is safe.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    url: str
+    scheme: Literal["sqlite", "http", "https", "redis", "rediss", "redis+sentinel"]
+    path: str | None = None
+    base: str | None = None
+    hosts: tuple[tuple[str, int], ...] = ()  # redis: the server; sentinel: the sentinels
+    db: int = 0
+    service: str | None = None  # redis+sentinel: the monitored master's name
+    username: str | None = None
+    password: str | None = Field(default=None, repr=False)
+
+    @property
+    def embedded(self) -> bool:
+        """An embedded (`sqlite`) store, opened in this process."""
+        return self.scheme == "sqlite"
+
+    @property
+    def redis(self) -> bool:
+        """A Redis store (`redis`, `rediss`, `redis+sentinel`), reached directly."""
+        return self.scheme.startswith("redis")
+
+    @classmethod
+    def parse(cls, url: str, key: str = "metadata.url") -> MetadataUrl:
+        """Parse `sqlite:////ABS/PATH`, `sqlite:///ABS/PATH`, `http(s)://HOST:PORT[/PREFIX]`,
+        `redis://HOST:PORT[/DB]`, `rediss://…` or `redis+sentinel://HOST:PORT[,…]/SERVICE[/DB]`.
+
+        Raises:
+            ConfigError: naming `key` when the URL is none of these (the message never
+                repeats a password).
+        """
+        text = url.strip() if isinstance(url, str) else ""
+        if text.startswith("sqlite:///") and len(text) > len("sqlite:///"):
+            path = text[len("sqlite://") :]
+            return cls(url=text, scheme="sqlite", path=path[1:] if path.startswith("//") else path)
+        match = _HTTP_RE.fullmatch(text)
+        if match is not None:
+            scheme: Literal["http", "https"] = "https" if match.group(1) == "https" else "http"
+            return cls(url=text, scheme=scheme, base=text.rstrip("/"))
+        redis = _REDIS_RE.fullmatch(text)
+        if redis is not None:
+            return cls._parse_redis(redis, key)
+        raise ConfigError(
+            f"{key}: {_redact(text or url)!r} is not a metadata URL; use "
+            "sqlite:///ABSOLUTE/PATH.db, http://HOST:PORT, redis://HOST:PORT/DB or "
+            "redis+sentinel://HOST:PORT[,HOST:PORT]/SERVICE"
+        )
+
+    @classmethod
+    def _parse_redis(cls, match: re.Match[str], key: str) -> MetadataUrl:
+        from urllib.parse import unquote
+
+        scheme, userinfo, hosts_text, rest = match.groups()
+        username = password = None
+        if userinfo is not None:
+            user, sep, secret = userinfo.partition(":")
+            username = unquote(user) or None
+            password = unquote(secret) if sep else None
+            if not sep:  # `redis://PASSWORD@host` is redis-py's form for a password alone
+                username, password = None, unquote(user)
+        hosts = []
+        for item in hosts_text.split(","):
+            host, _, port = item.rpartition(":")
+            if not host or not port.isdigit() or not 0 < int(port) < 65536:
+                raise ConfigError(
+                    f"{key}: {_redact(match.group(0))!r} is not a metadata URL: {item!r} is "
+                    "not HOST:PORT",
+                    hint="give every Redis server or sentinel as HOST:PORT",
+                )
+            hosts.append((host.strip("[]"), int(port)))
+        parts = [p for p in (rest or "").split("/") if p]
+        service = None
+        if scheme == "redis+sentinel":
+            if not parts:
+                raise ConfigError(
+                    f"{key}: {_redact(match.group(0))!r} names no Sentinel service",
+                    hint="use redis+sentinel://HOST:PORT[,HOST:PORT]/SERVICE_NAME[/DB]",
+                )
+            service = parts.pop(0)
+        elif len(hosts) > 1:
+            raise ConfigError(
+                f"{key}: {scheme}:// takes one HOST:PORT; several are for redis+sentinel://"
+            )
+        if len(parts) > 1 or (parts and not parts[0].isdigit()):
+            raise ConfigError(f"{key}: the database of {_redact(match.group(0))!r} is not a number")
+        return cls(
+            url=_redact(match.group(0)),
+            scheme=scheme,  # type: ignore[arg-type]  # the pattern allows only these
+            hosts=tuple(hosts),
+            db=int(parts[0]) if parts else 0,
+            service=service,
+            username=username,
+            password=password,
+        )
+
+
+_REDIS_RE = re.compile(r"(redis|rediss|redis\+sentinel)://(?:([^@/\s]*)@)?([^@/\s]+)(/\S*)?")
+
+
+def _redact(url: str) -> str:
+    """`url` with the password of its user information replaced by `***` (all of it
+    when it has no `:`: `redis://SECRET@host` is a password alone)."""
+    url = re.sub(r"^([a-z+]+://)([^@/\s:]*):[^@/\s]*@", r"\1\2:***@", url)
+    return re.sub(r"^([a-z+]+://)[^@/\s:]+@", r"\1***@", url)
