@@ -294,13 +294,7 @@ class RedisMetadataStore:
         `noeviction`): it would drop parts of the store and break its invariants. A Redis
         that refuses `CONFIG GET` (managed services often do) is not asked again."""
 
-        def read() -> Any:
-            try:
-                return self._redis.config_get("maxmemory-policy").get("maxmemory-policy")
-            except rex.ResponseError:  # CONFIG refused or renamed (NOPERM, unknown command)
-                return None
-
-        policy = self._read(read)  # refused credentials or no Redis: the typed error
+        policy = self.maxmemory_policy()  # refused credentials or no Redis: the typed error
         if policy and policy != "noeviction":
             logger.warning(
                 "Redis at %s has maxmemory-policy %s: when full it evicts keys of the "
@@ -309,6 +303,19 @@ class RedisMetadataStore:
                 self.url,
                 policy,
             )
+
+    def maxmemory_policy(self) -> str | None:
+        """Redis's `maxmemory-policy` (the store needs `noeviction`); None when Redis
+        refuses `CONFIG GET` (managed services often do)."""
+
+        def read() -> Any:
+            try:
+                return self._redis.config_get("maxmemory-policy").get("maxmemory-policy")
+            except rex.ResponseError:  # CONFIG refused or renamed (NOPERM, unknown command)
+                return None
+
+        policy = self._read(read)
+        return str(policy) if policy else None
 
     # --- namespaces ----------------------------------------------------------------------
 
@@ -776,7 +783,7 @@ class RedisMetadataStore:
     def replication(self) -> dict[str, Any]:
         """What `doctor` reports of the Redis this store talks to: its role (`master` or
         `slave`), how many replicas are connected, the link to its master (a replica),
-        the Redis version and the store's format."""
+        the Redis version, the store's format and `maxmemory-policy`."""
         info = self._read(lambda: self._redis.info("replication"))
         server = self._read(lambda: self._redis.info("server"))
         stored = self._read(lambda: self._redis.hget(self._key("info"), "format"))
@@ -786,6 +793,7 @@ class RedisMetadataStore:
             "master_link_status": info.get("master_link_status"),
             "redis_version": str(server.get("redis_version", "?")),
             "format": int(stored) if stored is not None else None,
+            "maxmemory_policy": self.maxmemory_policy(),
         }
 
     def check_invariants(self) -> list[str]:
