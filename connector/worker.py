@@ -82,7 +82,8 @@ from hf3fsctl.staging import (
     scatter_blocks,
     total_page_bytes,
 )
-from hf3fsctl.storage.engine import IOEngine, engine_host_memory, open_engine
+from hf3fsctl.storage.engine import IOEngine, engine_host_memory
+from hf3fsctl.storage.factory import open_engine
 from hf3fsctl.storage.layout import PageFile, rank_file_name, write_manifest
 from hf3fsctl.tier import LoadTarget, PagePieces, StagingRows, Tier
 
@@ -118,6 +119,12 @@ def wait_for_saves(timeout_s: float = 30.0) -> bool:
     """
     deadline = time.monotonic() + timeout_s
     return all(w.drain(max(0.0, deadline - time.monotonic())) for w in list(_LIVE_WORKERS))
+
+
+def live_namespaces() -> set[str]:
+    """The namespace ids of the worker sides alive in this process (none with vLLM's
+    worker processes: their worker sides live there)."""
+    return {worker.namespace for worker in list(_LIVE_WORKERS)}
 
 
 def _tp_rank() -> int:

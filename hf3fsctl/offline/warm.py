@@ -356,10 +356,10 @@ def _connector_totals() -> dict[str, float]:
 def _engine_namespace() -> str | None:
     """The namespace the in-process connector registered (None with worker processes)."""
     try:
-        from hf3fsctl_connector.worker import _LIVE_WORKERS
+        from hf3fsctl_connector.worker import live_namespaces
     except ImportError:
         return None
-    names = {worker.namespace for worker in list(_LIVE_WORKERS)}
+    names = live_namespaces()
     return names.pop() if len(names) == 1 else None
 
 
