@@ -7,6 +7,11 @@ the CLI uses for it. The CLI maps them to output in exactly one place
 
 from __future__ import annotations
 
+import errno as _errno
+
+# The OS errors that mean "no room": a full file system or an exhausted quota.
+NO_SPACE_ERRNOS = frozenset({_errno.ENOSPC, _errno.EDQUOT})
+
 
 class Hf3fsctlError(Exception):
     """Base class of every error the library raises on purpose."""
@@ -54,7 +59,7 @@ class StorageError(Hf3fsctlError):
     """Page files are missing, too small, unreadable or unwritable.
 
     `errno` is the OS error behind it when there was one (``ENOSPC`` for a full disk), so
-    callers can count failures by kind.
+    callers count failures by kind (`no_space`) without reading the message.
     """
 
     exit_code = 5
@@ -63,6 +68,11 @@ class StorageError(Hf3fsctlError):
     def __init__(self, message: str, *, hint: str | None = None, errno: int | None = None) -> None:
         super().__init__(message, hint=hint)
         self.errno = errno
+
+    @property
+    def no_space(self) -> bool:
+        """The file system (or a quota) is full: ENOSPC or EDQUOT."""
+        return self.errno in NO_SPACE_ERRNOS
 
 
 class MetadataUnavailable(Hf3fsctlError):

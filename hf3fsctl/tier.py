@@ -10,7 +10,7 @@ Contract:
       pages → commit with the checksums the engine computed. Whatever fails gives back
       what this writer still holds, so nothing stays pending: the pages that failed to
       write at once, and every allocation when the claim, the commit or anything before
-      it fails. ENOSPC/EDQUOT on the claim, or a write whose error mentions space, is
+      it fails. ENOSPC/EDQUOT on the claim or on a page write (the errno, never the text) is
       `no_space`; another storage error is `io` (either is also the outcome's
       `storage_failure`, for the caller's back-off and health); a metadata outage is
       `metadata_down`; another typed error is `error`. A save that reached the store
@@ -430,7 +430,7 @@ class Tier:
                     failed.append(allocation)
             if failed:
                 detail = next((r.detail for r in results if not r.ok), None) or "write failed"
-                kind = NO_SPACE if "space" in detail.lower() else IO
+                kind = NO_SPACE if any(r.no_space for r in results) else IO
                 kind_of.update(dict.fromkeys((a.key for a in failed), kind))
                 outcome.storage_failure = StorageFailure(kind, len(failed), detail)
                 self._release(failed)

@@ -172,7 +172,7 @@ def check_checksums(
     show_progress: bool,
 ) -> None:
     """Verify committed pages of every namespace against their recorded checksums."""
-    from hf3fsctl.storage.engine import open_engine
+    from hf3fsctl.storage.factory import open_engine
 
     root = Path(config.storage.path)
     totals = {s.id: s.pages_used for s in client.stats().namespaces}

@@ -165,7 +165,7 @@ def write_manifest(root: str | os.PathLike[str], manifest: NamespaceManifest) ->
         finally:
             tmp.unlink(missing_ok=True)
     except OSError as exc:
-        raise StorageError(f"cannot write manifest {path}: {exc}") from None
+        raise StorageError(f"cannot write manifest {path}: {exc}", errno=exc.errno) from None
     logger.info("wrote manifest of namespace %s to %s", ns, path)
     return path
 
@@ -333,7 +333,9 @@ class PageFile:
             except OSError as exc:
                 if exc.errno == errno.ENOSPC:
                     partial.unlink(missing_ok=True)
-                raise StorageError(f"cannot create page file {path}: {exc}") from None
+                raise StorageError(
+                    f"cannot create page file {path}: {exc}", errno=exc.errno
+                ) from None
         size = cls._size_of(path)
         if size != file_size:
             raise NamespaceConflict(
@@ -365,7 +367,7 @@ class PageFile:
             path.parent.mkdir(parents=True, exist_ok=True)
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         except OSError as exc:
-            raise StorageError(f"cannot create page file {path}: {exc}") from None
+            raise StorageError(f"cannot create page file {path}: {exc}", errno=exc.errno) from None
         return cls(
             Path(root).resolve(),
             relpath,
@@ -438,7 +440,7 @@ class PageFile:
                 f"page file {path} does not exist", hint="create it with `hf3fsctl init`"
             ) from None
         except OSError as exc:
-            raise StorageError(f"cannot open page file {path}: {exc}") from None
+            raise StorageError(f"cannot open page file {path}: {exc}", errno=exc.errno) from None
         size = os.fstat(fd).st_size
         if not growable and size < num_pages * slot:
             os.close(fd)
@@ -455,7 +457,7 @@ class PageFile:
         try:
             return path.stat().st_size
         except OSError as exc:
-            raise StorageError(f"cannot stat page file {path}: {exc}") from None
+            raise StorageError(f"cannot stat page file {path}: {exc}", errno=exc.errno) from None
 
     def offset(self, page: int) -> int:
         """Byte offset of `page`'s slot. Raises `InvalidRequest` when out of range."""

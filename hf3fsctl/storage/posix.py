@@ -329,7 +329,8 @@ class PosixEngine:
                     for op in ops
                     for pair in self._task(file, [op], reading, checksums, direct=False)
                 ]
-            return [(ops[0], _failed(ops[0].page, ERROR_IO, os.strerror(exc.errno or 0)))]
+            failed = _failed(ops[0].page, ERROR_IO, os.strerror(exc.errno or 0), exc.errno)
+            return [(ops[0], failed)]
         return self._results(file, ops, done, reading, checksums)
 
     def _choose_fd(self, file: PageFile, ops: list[_Op]) -> int:
@@ -417,8 +418,8 @@ def _advance(iov: list[memoryview], moved: int) -> list[memoryview]:
     return []
 
 
-def _failed(page: Any, kind: str, detail: str) -> PageResult:
-    return PageResult(page if isinstance(page, int) else -1, False, kind, None, detail)
+def _failed(page: Any, kind: str, detail: str, errno: int | None = None) -> PageResult:
+    return PageResult(page if isinstance(page, int) else -1, False, kind, None, detail, errno)
 
 
 def _finish(results: list[PageResult | None]) -> list[PageResult]:

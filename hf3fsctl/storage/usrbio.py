@@ -579,7 +579,9 @@ class UsrbioEngine:
     ) -> PageResult:
         page = item.page
         if moved < 0:
-            return PageResult(page, False, ERROR_IO, None, f"USRBIO: {os.strerror(-moved)}")
+            return PageResult(
+                page, False, ERROR_IO, None, f"USRBIO: {os.strerror(-moved)}", errno=-moved
+            )
         if moved < item.size:
             kind = ERROR_SHORT if reading else ERROR_IO
             return PageResult(page, False, kind, None, f"moved {moved} of {item.size} bytes")

@@ -65,6 +65,7 @@ def make_store(
         "init",
         "--storage-path",
         str(tmp / "store"),
+        "--create-path",
         "--file-size",
         FILE_SIZE,
         "--preallocate",
@@ -86,7 +87,7 @@ def make_store(
 
 def fill(store: Store, keys: list[str], client: MetadataClient | None = None) -> None:
     """Write a random page per key on every rank, then allocate + commit them."""
-    from hf3fsctl.storage.engine import open_engine
+    from hf3fsctl.storage.factory import open_engine
     from hf3fsctl.storage.layout import PageFile
 
     own = client is None

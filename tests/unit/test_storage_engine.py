@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import random
 from collections.abc import Iterator
@@ -12,7 +13,8 @@ import pytest
 
 from hf3fsctl.errors import InvalidRequest, StorageError
 from hf3fsctl.storage.checksum import page_checksum
-from hf3fsctl.storage.engine import describe_engine_choice, find_mount, open_engine
+from hf3fsctl.storage.engine import find_mount
+from hf3fsctl.storage.factory import describe_engine_choice, open_engine
 from hf3fsctl.storage.layout import PageFile, slot_bytes
 from hf3fsctl.storage.posix import PosixEngine
 
@@ -124,6 +126,23 @@ def test_short_write_leaves_the_rest_of_its_page(tmp_path: Path, engine: PosixEn
         out = bytearray(4096)
         engine.read_pages(file, [1], [out])
     assert out == b"n" * 100 + b"o" * 3996
+
+
+@pytest.mark.parametrize(
+    ("code", "no_space"),
+    [(errno.ENOSPC, True), (errno.EDQUOT, True), (errno.EIO, False)],
+    ids=["enospc", "edquot", "eio"],
+)
+def test_a_write_the_os_refuses_keeps_its_errno(
+    tmp_path: Path, engine: PosixEngine, monkeypatch: pytest.MonkeyPatch, code: int, no_space: bool
+) -> None:
+    def refused(*_: object) -> int:
+        raise OSError(code, os.strerror(code))
+
+    with _page_file(tmp_path, 4096) as file:
+        monkeypatch.setattr(os, "pwritev", refused)
+        [result] = engine.write_pages(file, [3], [b"x" * 4096])
+    assert (result.ok, result.error, result.errno, result.no_space) == (False, "io", code, no_space)
 
 
 def test_bytes_overwritten_on_disk_fail_the_checksum(tmp_path: Path, engine: PosixEngine) -> None:

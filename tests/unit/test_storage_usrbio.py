@@ -28,7 +28,8 @@ from hf3fsctl.errors import StorageError
 from hf3fsctl.meta.policy import StorePolicy
 from hf3fsctl.meta.store import MetadataStore
 from hf3fsctl.staging import StagingPool
-from hf3fsctl.storage.engine import describe_engine_choice, engine_host_memory, open_engine
+from hf3fsctl.storage.engine import engine_host_memory
+from hf3fsctl.storage.factory import describe_engine_choice, open_engine
 from hf3fsctl.storage.layout import PageFile
 from hf3fsctl.storage.posix import PosixEngine
 from hf3fsctl.storage.usrbio import UsrbioEngine
@@ -319,7 +320,7 @@ def mounts_claiming_3fs(mount: fake.FakeMount) -> str:
 def test_auto_picks_usrbio_on_a_3fs_mount_and_says_one_copy(
     mount: fake.FakeMount, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO, logger="hf3fsctl.storage.engine")
+    caplog.set_level(logging.INFO, logger="hf3fsctl.storage.factory")
     engine = open_engine(
         "auto", root=mount.root, binding=FAKE, mounts_text=mounts_claiming_3fs(mount)
     )

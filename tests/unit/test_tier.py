@@ -107,18 +107,16 @@ def st(tmp_path: Path) -> Iterator[Store]:
 
 
 class FailingWrites(PosixEngine):
-    """A POSIX engine whose writes of chosen pages fail with `detail`."""
+    """A POSIX engine whose writes of chosen pages fail with `detail` and `errno`."""
 
-    def __init__(self, failing: set[int], detail: str) -> None:
+    def __init__(self, failing: set[int], detail: str, errno: int | None = None) -> None:
         super().__init__(io_threads=1)
-        self.failing, self.detail = failing, detail
+        self.failing, self.detail, self.errno = failing, detail, errno
 
     def write_pages(self, file: Any, pages: Any, buffers: Any, **kw: Any) -> list[PageResult]:
         real = super().write_pages(file, pages, buffers, **kw)
-        return [
-            PageResult(r.page, False, ERROR_IO, None, self.detail) if i in self.failing else r
-            for i, r in enumerate(real)
-        ]
+        failed = [PageResult(r.page, False, ERROR_IO, None, self.detail, self.errno) for r in real]
+        return [failed[i] if i in self.failing else r for i, r in enumerate(real)]
 
 
 def _flip(st: Store, key: str) -> None:
@@ -189,13 +187,21 @@ def test_another_errno_claiming_disk_is_an_io_failure(
 
 
 @pytest.mark.parametrize(
-    ("detail", "kind"), [("Input/output error", IO), ("No space left on device", NO_SPACE)]
+    ("detail", "code", "kind"),
+    [
+        ("Input/output error", errno.EIO, IO),
+        ("No space left on device", errno.ENOSPC, NO_SPACE),
+        ("Disk quota exceeded", errno.EDQUOT, NO_SPACE),
+        # the kind is the errno, never the words: a message about space with EIO is io
+        ("no space for you", errno.EIO, IO),
+    ],
+    ids=["eio", "enospc", "edquot", "text-is-not-the-kind"],
 )
 def test_a_failed_write_releases_its_page_and_commits_the_rest(
-    st: Store, detail: str, kind: str
+    st: Store, detail: str, code: int, kind: str
 ) -> None:
     chain = keys(3)
-    tier = st.tier(engine=FailingWrites({1}, detail))
+    tier = st.tier(engine=FailingWrites({1}, detail, code))
     try:
         outcome = tier.save(chain, rows_of(chain), 0)
     finally:
