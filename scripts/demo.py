@@ -142,7 +142,8 @@ def main() -> int:
     console.print(f"Model: {model.relative_to(ROOT)} (tiny random Llama)")
 
     console.print(Rule("Create the store"))
-    hf3fsctl("init", "--storage-path", str(work / "storage"), "--write-config", str(config))
+    storage = work / "storage"
+    hf3fsctl("init", "--storage-path", str(storage), "--create-path", "--write-config", str(config))
     kv = json.loads(hf3fsctl("vllm-config", "--config", str(config), capture=True))
     console.print_json(data=kv)
 

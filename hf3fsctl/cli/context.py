@@ -60,13 +60,16 @@ def load(
     return build_config([("environment", env_overrides(os.environ)), ("overrides", flags)])
 
 
-def connect(config: Config, *, create: bool = False) -> MetadataClient:
+def connect(config: Config, *, create: bool = False, read_only: bool = False) -> MetadataClient:
     """The metadata client of a configuration (the caller closes it).
 
     Args:
         config: the loaded configuration.
         create: for an embedded (`sqlite:///`) URL, create the database if missing;
             otherwise a missing database is `NotFound` (only `init` creates stores).
+        read_only: open an embedded store for reading only (no writer lock, nothing
+            written), for commands that only read (`stats`, `ls`, `doctor`): they work
+            on a read-only mount too.
     """
     from hf3fsctl.meta.client import connect as connect_url
 
@@ -77,13 +80,15 @@ def connect(config: Config, *, create: bool = False) -> MetadataClient:
             hint=f"create the store with `hf3fsctl init --storage-path {config.storage.path}`, "
             "or point metadata.url / --config at an existing one",
         )
-    return connect_url(config)
+    return connect_url(config, read_only=read_only and not create)
 
 
 @contextmanager
-def open_client(config: Config, *, create: bool = False) -> Iterator[MetadataClient]:
+def open_client(
+    config: Config, *, create: bool = False, read_only: bool = False
+) -> Iterator[MetadataClient]:
     """`connect`, closed on exit."""
-    client = connect(config, create=create)
+    client = connect(config, create=create, read_only=read_only)
     try:
         yield client
     finally:

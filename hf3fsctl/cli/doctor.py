@@ -23,6 +23,7 @@ Exit code 1 when any check fails (0 with only warnings).
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -34,7 +35,9 @@ from hf3fsctl.cli.checks import Report
 from hf3fsctl.cli.errors import EXIT_CHECK_FAILED
 from hf3fsctl.cli.init import check_writable
 from hf3fsctl.cli.options import ConfigOpt, JsonOpt
-from hf3fsctl.errors import AuthError, ConfigError, Hf3fsctlError
+from hf3fsctl.errors import AuthError, ConfigError, Hf3fsctlError, InvalidRequest
+
+DEFAULT_SAMPLE = 256  # pages verified per namespace by --checksums
 
 if TYPE_CHECKING:
     from hf3fsctl.config import Config
@@ -55,7 +58,7 @@ def check_config(report: Report, ctx: typer.Context, path: Path | None) -> Confi
 def check_storage(report: Report, cfg: Config) -> bool:
     """The storage root exists, is writable, has room; its mount and engine. True if usable."""
     from hf3fsctl.config import format_size
-    from hf3fsctl.storage.engine import describe_engine_choice
+    from hf3fsctl.storage.factory import describe_engine_choice
 
     root = Path(cfg.storage.path)
     if not root.is_dir():
@@ -70,7 +73,8 @@ def check_storage(report: Report, cfg: Config) -> bool:
     try:
         check_writable(root)
     except Hf3fsctlError as exc:
-        report.add("storage.writable", "fail", exc.message, "fix the permissions or the mount")
+        detail, fix = unwritable(root, exc.message)
+        report.add("storage.writable", "fail", detail, fix)
         return False
     report.add("storage.writable", "ok", "a probe file was written, synced and removed")
     usage = shutil.disk_usage(root)
@@ -78,12 +82,17 @@ def check_storage(report: Report, cfg: Config) -> bool:
         "storage.free_space", "ok", f"{format_size(usage.free)} free of {format_size(usage.total)}"
     )
     choice = describe_engine_choice(cfg.storage.engine, root)
-    report.add(
-        "storage.mount",
-        "ok",
-        f"{choice['mount_point'] or '?'} ({choice['fstype']})"
-        + (", a 3FS mount" if choice["on_3fs"] else ""),
-    )
+    where = f"{choice['mount_point'] or '?'} ({choice['fstype']})"
+    if choice["mount_point"] == "/":
+        report.add(
+            "storage.mount",
+            "warn",
+            f"{where}: the root file system, not 3FS; the store fills the system disk",
+            "mount 3FS (or the file system meant for the cache) and run `hf3fsctl init "
+            "--storage-path` on a directory under it",
+        )
+    else:
+        report.add("storage.mount", "ok", where + (", a 3FS mount" if choice["on_3fs"] else ""))
     if choice["engine"] is None:
         report.add(
             "storage.engine",
@@ -106,6 +115,29 @@ def check_storage(report: Report, cfg: Config) -> bool:
         state = "on" if choice["one_copy"] else "off"
         report.add("storage.one_copy", "ok", f"{state}: {choice['staging']}")
     return True
+
+
+def unwritable(root: Path, reason: str) -> tuple[str, str]:
+    """Why a store cannot be written, and the fix: a read-only mount or permissions."""
+    from hf3fsctl.storage.engine import find_mount
+
+    mount_point, fstype = find_mount(root)
+    try:
+        read_only = bool(os.statvfs(root).f_flag & os.ST_RDONLY)
+    except OSError:
+        read_only = False
+    if read_only:
+        return (
+            f"the store is read-only: {fstype} at {mount_point or '?'} is mounted read-only "
+            "(vLLM cannot save pages; init and evict refuse it)",
+            f"remount it read-write (`mount -o remount,rw {mount_point or root}`); stats, "
+            "ls and doctor read it as it is",
+        )
+    return (
+        f"the store is not writable by uid {os.getuid()}: {reason}",
+        f"give the user that runs vLLM and hf3fsctl write access to {root} and the files "
+        "in it (chown/chmod), or run as the owner",
+    )
 
 
 def check_metadata(report: Report, client: MetadataClient) -> bool:
@@ -150,6 +182,25 @@ def check_redis(report: Report, client: MetadataClient) -> None:
         f"Redis {info['redis_version']}, role {info['role']}, "
         f"{info['connected_replicas']} replica(s) connected, store format {info['format']}"
     )
+    policy = info.get("maxmemory_policy")
+    if policy is not None and policy != "noeviction":
+        report.add(
+            "metadata.redis.eviction",
+            "fail",
+            f"maxmemory-policy is {policy}: when full, Redis drops keys of the metadata store "
+            "itself (pages lost, counts broken)",
+            "`redis-cli CONFIG SET maxmemory-policy noeviction` and the same line "
+            "(`maxmemory-policy noeviction`) in redis.conf",
+        )
+    elif policy is None:
+        report.add(
+            "metadata.redis.eviction",
+            "skip",
+            "Redis refused CONFIG GET maxmemory-policy (a managed service?)",
+            "make sure its maxmemory-policy is noeviction",
+        )
+    else:
+        report.add("metadata.redis.eviction", "ok", "maxmemory-policy noeviction")
     if info["role"] != "master":
         report.add(
             "metadata.redis",
@@ -162,8 +213,8 @@ def check_redis(report: Report, client: MetadataClient) -> None:
             "metadata.redis",
             "warn",
             detail + ": no replica, so a lost master loses the metadata",
-            "add a replica and Sentinel (docs/operations.md), or accept a cold cache "
-            "after a Redis loss",
+            "add a replica and Sentinel (docs/operations.md, 'Redis: a replica and "
+            "Sentinel'), or accept a cold cache after a Redis loss",
         )
     else:
         report.add("metadata.redis", "ok", detail)
@@ -261,7 +312,7 @@ def check_invariants(report: Report, cfg: Config, client: MetadataClient | None 
         return
     from hf3fsctl.meta.store import MetadataStore
 
-    store = MetadataStore(db)
+    store = MetadataStore(db, read_only=True)
     try:
         problems = store.check_integrity() + store.check_invariants()
     finally:
@@ -291,20 +342,31 @@ def doctor(
         bool, typer.Option("--checksums", help="Read back committed pages and verify checksums.")
     ] = False,
     sample: Annotated[
-        int, typer.Option("--sample", min=1, help="Pages to verify per namespace with --checksums.")
-    ] = 256,
+        int | None,
+        typer.Option(
+            "--sample",
+            min=1,
+            metavar="N",
+            help="Pages to verify per namespace (implies --checksums; default 256).",
+        ),
+    ] = None,
     all_pages: Annotated[
-        bool, typer.Option("--all-pages", help="With --checksums: verify every committed page.")
+        bool,
+        typer.Option("--all-pages", help="Verify every committed page (implies --checksums)."),
     ] = False,
     json: JsonOpt = False,
 ) -> None:
     """Check the deployment: config, storage, engine, metadata, auth, manifests, pages."""
+    if sample is not None and all_pages:
+        raise InvalidRequest("--sample and --all-pages contradict each other; pass one")
+    checksums = checksums or sample is not None or all_pages
     report = Report()
     cfg = check_config(report, ctx, config)
     if cfg is not None:
         storage_ok = check_storage(report, cfg)
         try:
-            client = context.connect(cfg)
+            # only --checksums writes (read leases): the rest works on a read-only store
+            client = context.connect(cfg, read_only=not checksums)
         except Hf3fsctlError as exc:
             report.add("metadata.reachable", "fail", exc.message, exc.hint)
         else:
@@ -319,7 +381,7 @@ def doctor(
                                 report,
                                 cfg,
                                 client,
-                                sample=None if all_pages else sample,
+                                sample=None if all_pages else sample or DEFAULT_SAMPLE,
                                 show_progress=not json,
                             )
             finally:

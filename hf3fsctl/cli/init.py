@@ -16,6 +16,7 @@ from __future__ import annotations
 import json as jsonlib
 import os
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -23,12 +24,13 @@ import typer
 
 from hf3fsctl.cli import context, output
 from hf3fsctl.cli.options import ConfigOpt, JsonOpt
-from hf3fsctl.errors import InvalidRequest, MetadataUnavailable, StorageError
+from hf3fsctl.errors import InvalidRequest, MetadataUnavailable, NotFound, StorageError
 
 if TYPE_CHECKING:
     from hf3fsctl.config import Config
     from hf3fsctl.keys import NamespaceManifest
     from hf3fsctl.meta.client import MetadataClient
+    from hf3fsctl.meta.models import CapacityInfo
 
 
 def check_writable(root: Path) -> None:
@@ -137,32 +139,107 @@ def register_namespace_files(
     }
 
 
-def record_capacity(config: Config, client: MetadataClient, explicit: bool) -> dict[str, Any]:
-    """Record the store's capacity: `storage.capacity` resolved on this file system.
+MIN_CAPACITY = 4096  # one page's worth: a smaller store holds nothing
 
-    A store that already has a capacity keeps it unless `explicit` (`--capacity`).
+
+@dataclass(frozen=True)
+class FileSystem:
+    """Where a path lies: its mount point and file-system type (`/proc/mounts`)."""
+
+    mount_point: str
+    fstype: str
+
+    @property
+    def is_root(self) -> bool:
+        """The root file system (`/`): where a missing mount's directory would land."""
+        return self.mount_point == "/"
+
+    @property
+    def on_3fs(self) -> bool:
+        from hf3fsctl.storage.engine import THREEFS_FSTYPES
+
+        return self.fstype in THREEFS_FSTYPES
+
+    def __str__(self) -> str:
+        where = f"{self.fstype} mounted at {self.mount_point or '?'}"
+        return where + (" (the root file system)" if self.is_root else "")
+
+
+def file_system_of(path: Path) -> FileSystem:
+    """The file system holding `path`, or the one its nearest existing parent is on."""
+    from hf3fsctl.storage.engine import find_mount
+
+    mount_point, fstype = find_mount(path)
+    return FileSystem(mount_point, fstype)
+
+
+def existing_parent(path: Path) -> Path:
+    """`path`, or its nearest parent that exists."""
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
+def check_storage_path(root: Path, *, create: bool) -> FileSystem:
+    """Refuse a storage root that does not exist (unless `create`) or is not a directory.
+
+    A missing directory is most often a file system that is not mounted: creating it
+    would put the store on whatever lies beneath (the root disk), sized from its space.
 
     Raises:
-        InvalidRequest: the capacity is smaller than one page's worth, or a share
-            resolves to nothing (a full file system).
+        NotFound: `root` does not exist and `create` is false.
+        InvalidRequest: `root` is not a directory.
+    """
+    fs = file_system_of(root)
+    if not root.exists():
+        if not create:
+            raise NotFound(
+                f"storage path {root} does not exist; {existing_parent(root)} is on {fs}",
+                hint="mount the file system (3FS) there, or pass --create-path to create "
+                f"the directory on {fs.fstype} at {fs.mount_point or '?'}",
+            )
+    elif not root.is_dir():
+        raise InvalidRequest(f"storage path {root} is not a directory")
+    return fs
+
+
+def plan_capacity(config: Config, held: int) -> int:
+    """The capacity `storage.capacity` means on this file system for a store holding
+    `held` bytes, refused if it cannot hold a page. Nothing is written.
+
+    Raises:
+        ConfigError: the value is neither a size nor a share.
+        InvalidRequest: it is smaller than one page (or a share of a full file system).
     """
     from hf3fsctl.config import format_size, parse_amount
     from hf3fsctl.meta.policy import file_system_room, resolve_capacity
 
-    current = client.capacity()
-    if current.capacity_bytes is not None and not explicit:
-        return current.model_dump()
-    root = config.storage.path
+    root = existing_parent(Path(config.storage.path))
     amount = parse_amount(config.storage.capacity, "storage.capacity")
-    value = resolve_capacity(amount, root, current.bytes_used)
-    room = file_system_room(root) + current.bytes_used
-    if value < 4096:
+    value = resolve_capacity(amount, root, held)
+    if value < MIN_CAPACITY:
+        room = file_system_room(root) + held
         raise InvalidRequest(
             f"storage.capacity {config.storage.capacity} is {value} bytes here: too small "
-            "to hold a page",
-            hint=f"free space on {root} ({format_size(room)} available) or pass a larger "
-            "--capacity",
+            f"to hold a page (at least {format_size(MIN_CAPACITY)}); nothing was changed",
+            hint=f"pass a larger --capacity (e.g. 80% or 100GiB; {format_size(room)} "
+            f"available on {root})",
         )
+    return value
+
+
+def record_capacity(config: Config, client: MetadataClient, value: int | None) -> dict[str, Any]:
+    """Record `value` (planned by `plan_capacity`) as the store's capacity; None keeps
+    the capacity the store has (it records the configured default when it has none)."""
+    from hf3fsctl.config import format_size
+    from hf3fsctl.meta.policy import file_system_room
+
+    current = client.capacity()
+    if value is None and current.capacity_bytes is not None:
+        return current.model_dump()
+    if value is None:
+        value = plan_capacity(config, current.bytes_used)
+    room = file_system_room(existing_parent(Path(config.storage.path))) + current.bytes_used
     if value > room:
         output.warning(
             f"capacity {format_size(value)} is more than the file system can give the store "
@@ -171,41 +248,79 @@ def record_capacity(config: Config, client: MetadataClient, explicit: bool) -> d
     return client.set_capacity(value).model_dump()
 
 
-def _check_metadata(config: Config, report: dict[str, Any]) -> None:
-    """Create the SQLite schema (embedded) or check the service answers (HTTP)."""
+def _unreachable(config: Config, exc: MetadataUnavailable) -> MetadataUnavailable:
+    """The one-line error for a metadata service or Redis that does not answer."""
+    target = config.metadata_target
+    if target.redis:
+        hint = (
+            f"start Redis at {target.url} (hf3fsctl does not run it; give it "
+            "`maxmemory-policy noeviction`), or pass --config-only to write the config now"
+        )
+    else:
+        hint = (
+            "start `hf3fsctl serve` on the metadata host (`hf3fsctl --config FILE serve`), "
+            "or pass --config-only to write the config now"
+        )
+    return MetadataUnavailable(f"metadata {target.url} is not reachable: {exc.message}", hint=hint)
+
+
+def _existing_capacity(config: Config) -> CapacityInfo | None:
+    """The capacity of the store the config points at, read without writing anything;
+    None for an embedded store not created yet.
+
+    Raises:
+        MetadataUnavailable: a service or Redis that does not answer (`_unreachable`).
+    """
     db = context.sqlite_path(config.metadata_target)
-    if db is not None:
-        db.parent.mkdir(parents=True, exist_ok=True)
+    if db is not None and not db.exists():
+        return None
     try:
-        with context.open_client(config, create=True) as client:
+        with context.open_client(config, read_only=True) as client:
             client.health()
-        report["metadata"] = {"url": config.metadata_target.url, "reachable": True}
+            return client.capacity()
     except MetadataUnavailable as exc:
         if db is not None:
             raise
-        report["metadata"] = {"url": config.metadata_target.url, "reachable": False}
-        output.warning(f"{exc.message}; start it with `hf3fsctl serve` before using the store")
+        raise _unreachable(config, exc) from None
 
 
 def init(
     ctx: typer.Context,
     storage_path: Annotated[
-        Path,
-        typer.Option("--storage-path", help="Storage root (on 3FS: a directory under the mount)."),
-    ],
+        Path | None,
+        typer.Option(
+            "--storage-path",
+            metavar="PATH",
+            help="Storage root, an existing directory (on 3FS: one under the mount); "
+            "default storage.path of --config.",
+            show_default=False,
+        ),
+    ] = None,
     config: ConfigOpt = None,
+    create_path: Annotated[
+        bool,
+        typer.Option(
+            "--create-path",
+            help="Create the storage root if it does not exist (else refused: a missing "
+            "directory is usually a file system that is not mounted).",
+        ),
+    ] = False,
     metadata_url: Annotated[
         str | None,
         typer.Option(
             "--metadata-url",
-            help="sqlite:///PATH or http://HOST:PORT (default: <storage-path>/metadata.db).",
+            metavar="URL",
+            help="sqlite:///PATH, http(s)://HOST:PORT (`hf3fsctl serve`), redis://HOST:PORT "
+            "(also rediss://, redis+sentinel://); default: <storage-path>/metadata.db.",
         ),
     ] = None,
     token_file: Annotated[
         Path | None,
         typer.Option(
             "--token-file",
-            help="Bearer token file for an http:// metadata URL (metadata.token_file).",
+            metavar="FILE",
+            help="Bearer token file of an http(s):// service (metadata.token_file, and "
+            "server.token_file for the `serve` of this config), or a Redis password file.",
         ),
     ] = None,
     capacity: Annotated[
@@ -235,6 +350,14 @@ def init(
         Path | None,
         typer.Option("--write-config", metavar="PATH", help="Write a config file for this store."),
     ] = None,
+    config_only: Annotated[
+        bool,
+        typer.Option(
+            "--config-only",
+            help="Only write --write-config: do not contact the metadata service or Redis "
+            "(one not started yet); run init again later to record the capacity.",
+        ),
+    ] = False,
     force: Annotated[
         bool, typer.Option("--force", help="Overwrite the file given to --write-config.")
     ] = False,
@@ -252,7 +375,10 @@ def init(
     ] = None,
     json: JsonOpt = False,
 ) -> None:
-    """Create the store: storage root, metadata DB, config file, page files."""
+    """Create the store: storage root, metadata DB, config file, page files.
+
+    Everything is checked before anything is written: a refused value changes nothing.
+    """
     from hf3fsctl.config import dump_config, format_size
 
     if write_config is not None and write_config.exists() and not force:
@@ -265,42 +391,84 @@ def init(
         raise InvalidRequest(
             "--preallocate needs --namespace-manifest (the files of which namespace?)"
         )
+    if config_only and write_config is None:
+        raise InvalidRequest("--config-only needs --write-config (which file to write?)")
+    if config_only and namespace_manifest is not None:
+        raise InvalidRequest(
+            "--config-only registers nothing: drop --namespace-manifest, or run init "
+            "again once the metadata service is up"
+        )
     manifest = read_manifest_file(namespace_manifest) if namespace_manifest else None
     if manifest is not None and ranks is not None and ranks > manifest.num_ranks:
         raise InvalidRequest(
             f"--ranks {ranks} is more than the manifest's {manifest.num_ranks} ranks (TP x PP)"
         )
-    root = storage_path.expanduser().resolve()
-    cfg = context.load(
-        ctx,
-        config,
-        {
-            "storage.path": str(root),
-            "metadata.url": metadata_url,
-            "metadata.token_file": str(token_file.expanduser().resolve()) if token_file else None,
-            "storage.file_size": file_size,
-            "storage.capacity": capacity,
-            "storage.preallocate": True if preallocate_files else None,
-        },
-        missing_ok=True,  # init writes the config: a named file need not exist yet
-    )
-    try:
-        root.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise StorageError(f"cannot create storage path {str(root)!r}: {exc.strerror}") from None
+    token = str(token_file.expanduser().resolve()) if token_file else None
+    if token_file is not None and not token_file.expanduser().is_file():
+        raise InvalidRequest(
+            f"token file {token} does not exist",
+            hint="create it with e.g. `openssl rand -hex 32 > FILE && chmod 600 FILE`",
+        )
+    overrides: dict[str, Any] = {
+        "metadata.url": metadata_url,
+        "metadata.token_file": token,
+        "storage.file_size": file_size,
+        "storage.capacity": capacity,
+        "storage.preallocate": True if preallocate_files else None,
+    }
+    if storage_path is not None:
+        overrides["storage.path"] = str(storage_path.expanduser().resolve())
+    cfg = context.load(ctx, config, overrides, missing_ok=True)
+    if storage_path is None and cfg.source is None and "HF3FSCTL_STORAGE_PATH" not in os.environ:
+        raise InvalidRequest(
+            "init needs --storage-path (or a --config file that sets storage.path)"
+        )
+    root = Path(cfg.storage.path).expanduser().resolve()
+    if token is not None and cfg.metadata_target.scheme in ("http", "https"):
+        # the same file is the token the `serve` of this config expects
+        cfg = context.load(ctx, config, {**overrides, "server.token_file": token}, missing_ok=True)
+    fs = check_storage_path(root, create=create_path)
+    target = cfg.metadata_target
+    db = context.sqlite_path(target)
+    # --- checks that write nothing: the capacity, the service --------------------------
+    if capacity is not None or target.redis or config_only or (db is not None and not db.exists()):
+        plan_capacity(cfg, 0)  # what a new store would record; held data only raises a share
+    existing = None if config_only else _existing_capacity(cfg)
+    planned = None  # a store keeps its capacity unless --capacity; a new one the default
+    if capacity is not None:
+        planned = plan_capacity(cfg, existing.bytes_used if existing else 0)
+    # --- from here on, things are written ------------------------------------------------
+    if not root.exists():
+        try:
+            root.mkdir(parents=True)
+        except OSError as exc:
+            raise StorageError(
+                f"cannot create storage path {str(root)!r}: {exc.strerror}"
+            ) from None
     check_writable(root)
-    report: dict[str, Any] = {"storage_path": str(root)}
+    report: dict[str, Any] = {
+        "storage_path": str(root),
+        "file_system": {"mount_point": fs.mount_point, "fstype": fs.fstype},
+    }
     if not json:
-        output.line(f"storage root {root} is writable")
-    _check_metadata(cfg, report)
-    if not json:
-        state = "ready" if report["metadata"]["reachable"] else "not reachable yet"
-        output.line(f"metadata {cfg.metadata_target.url} {state}")
-    if report["metadata"]["reachable"]:
-        with context.open_client(cfg) as client:
-            report["capacity"] = record_capacity(cfg, client, explicit=capacity is not None)
+        output.line(f"storage root {root} is writable, on {fs}")
+    if fs.is_root:
+        output.warning(
+            f"{root} is on the root file system ({fs.fstype}), not on 3FS: is 3FS mounted? "
+            "The store is sized from this disk's free space"
+        )
+    if config_only:
+        report["metadata"] = {"url": target.url, "reachable": None}
+    else:
+        if db is not None:
+            db.parent.mkdir(parents=True, exist_ok=True)
+        with context.open_client(cfg, create=True) as client:
+            client.health()
+            report["metadata"] = {"url": target.url, "reachable": True}
+            report["capacity"] = record_capacity(cfg, client, planned)
         if not json:
             cap = report["capacity"]
+            output.line(f"metadata {target.url} ready")
             output.line(
                 f"capacity {format_size(cap['capacity_bytes'])} for every model and rank "
                 f"({format_size(cap['bytes_used'])} held)"
@@ -311,6 +479,12 @@ def init(
         report["config_file"] = str(write_config.resolve())
         if not json:
             output.line(f"wrote config {write_config}")
+            if config_only:
+                output.line(
+                    f"metadata {target.url} not contacted (--config-only): run "
+                    f"`hf3fsctl --config {write_config} init` once it is up to record the "
+                    "capacity"
+                )
     if manifest is not None:
         with context.open_client(cfg) as client:
             report["namespace"] = register_namespace_files(
@@ -327,11 +501,27 @@ def init(
     if json:
         output.print_json(report)
         return
-    config_flag = f" --config {write_config}" if write_config else ""
+    _next_steps(cfg, write_config or (Path(cfg.source) if cfg.source else None))
+
+
+def _next_steps(cfg: Config, config_file: Path | None) -> None:
+    """What to run next, against this very store: with its config file, else with the
+    environment that names it (a bare command would check the packaged defaults)."""
+    import shlex
+
+    if config_file is not None:
+        run = f"hf3fsctl --config {shlex.quote(str(config_file))}"
+    else:
+        env = [f"HF3FSCTL_STORAGE_PATH={shlex.quote(cfg.storage.path)}"]
+        if context.sqlite_path(cfg.metadata_target) != Path(cfg.storage.path) / "metadata.db":
+            env.append(f"HF3FSCTL_METADATA_URL={shlex.quote(cfg.metadata_url)}")
+        if cfg.metadata.token_file:
+            env.append(f"HF3FSCTL_METADATA_TOKEN_FILE={shlex.quote(cfg.metadata.token_file)}")
+        run = " ".join([*env, "hf3fsctl"])
     output.line("next:", style="bold")
+    if config_file is None:
+        output.line("  (no config file written: pass --write-config PATH to keep these settings)")
     if cfg.metadata_target.scheme in ("http", "https"):
-        output.line(f"  hf3fsctl{config_flag} serve            # on the metadata host")
-    output.line(f"  hf3fsctl{config_flag} doctor")
-    output.line(
-        f"  hf3fsctl{config_flag} vllm-config --compact  # for vllm serve --kv-transfer-config"
-    )
+        output.line(f"  {run} serve --host HOST   # on the metadata host (HOST of metadata.url)")
+    output.line(f"  {run} doctor")
+    output.line(f"  {run} vllm-config --compact  # for vllm serve --kv-transfer-config")

@@ -57,7 +57,7 @@ def ls(
     from hf3fsctl.config import format_size
 
     cfg = context.load(ctx, config)
-    with context.open_client(cfg) as client:
+    with context.open_client(cfg, read_only=True) as client:
         ns = context.resolve_namespace(client, namespace)
         if pins:
             pin_list = client.list_pins(ns, limit=limit)

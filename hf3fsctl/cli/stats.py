@@ -145,7 +145,7 @@ def stats(
             hint="poll `hf3fsctl stats --json` instead",
         )
     cfg = context.load(ctx, config)
-    with context.open_client(cfg) as client:
+    with context.open_client(cfg, read_only=True) as client:
         if json:
             storage = storage_space(cfg.storage.path)
             output.print_json(stats_document(client.url, storage, client.stats()))

@@ -9,18 +9,60 @@ Prints exactly one JSON object on stdout, e.g.::
 load failed; docs/design.md decision 3). `kv_connector_extra_config` names the config file in
 use (absolute) and carries the resolved storage path and metadata URL, so a vLLM
 process that lacks this shell's `HF3FSCTL_*` environment still finds the same store.
+
+Before printing, the store is checked (it takes a second at most): a configuration must
+have been found (a file or `HF3FSCTL_*` settings, not the packaged defaults alone), the
+storage root must exist and the metadata store answer. A failed check is one line and
+its exit code (2 no config, 3 no store, 6 service down) — an empty `$(…)` then fails the
+`vllm serve` line instead of pointing vLLM at a store that is not there. `--no-check`
+prints it anyway, for a store that is not reachable from here yet.
 """
 
 from __future__ import annotations
 
 import json
-from typing import Annotated
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from hf3fsctl.cli import context
+from hf3fsctl.cli import context, output
 from hf3fsctl.cli.options import ConfigOpt
 from hf3fsctl.config.connector import kv_transfer_config
+from hf3fsctl.errors import ConfigError, NotFound
+
+if TYPE_CHECKING:
+    from hf3fsctl.config import Config
+
+
+def check_store(cfg: Config) -> None:
+    """The configuration names a store that exists and answers.
+
+    Raises:
+        ConfigError: no config file and no `HF3FSCTL_*` setting: only the defaults.
+        NotFound: the storage root or the embedded database does not exist.
+        MetadataUnavailable: the metadata service or Redis does not answer.
+    """
+    from hf3fsctl.config import env_overrides
+
+    if cfg.source is None and not env_overrides(os.environ):
+        raise ConfigError(
+            "no config file found (--config, $HF3FSCTL_CONFIG, ./hf3fs.yaml, "
+            "~/.config/hf3fsctl/config.yaml, /etc/hf3fsctl/config.yaml): only the packaged "
+            f"defaults, whose store {cfg.storage.path} is not one you made",
+            hint="pass --config FILE (`hf3fsctl init … --write-config FILE` writes one), "
+            "or --no-check to print the defaults anyway",
+        )
+    root = Path(cfg.storage.path)
+    if not root.is_dir():
+        raise NotFound(
+            f"storage path {root} does not exist here",
+            hint=f"create the store with `hf3fsctl init --storage-path {root}`, mount its "
+            "file system, or pass --no-check if this node is not the one vLLM runs on",
+        )
+    with context.open_client(cfg, read_only=True) as client:
+        client.health()
 
 
 def vllm_config(
@@ -29,9 +71,22 @@ def vllm_config(
     compact: Annotated[
         bool, typer.Option("--compact", help="One line, for a shell argument.")
     ] = False,
+    no_check: Annotated[
+        bool,
+        typer.Option(
+            "--no-check",
+            help="Print it without checking that a config was found and its store exists "
+            "and answers (for a store not reachable from here yet).",
+        ),
+    ] = False,
 ) -> None:
     """Print the JSON for vLLM's --kv-transfer-config (one object on stdout)."""
     cfg = context.load(ctx, config)
+    if no_check:
+        if cfg.source is None:
+            output.warning("no config file found: printing the packaged defaults (--no-check)")
+    else:
+        check_store(cfg)
     document = kv_transfer_config(cfg)
     if compact:
         typer.echo(json.dumps(document, separators=(",", ":")))

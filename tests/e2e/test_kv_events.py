@@ -182,7 +182,7 @@ def _until(check: Any, what: Any) -> None:
 def test_router_index_from_kv_events_agrees_with_lookup(tiny_model: Path, tmp_path: Path) -> None:
     config = tmp_path / "hf3fs.yaml"
     store = tmp_path / "store"
-    init = ["init", "--storage-path", str(store), "--write-config", str(config)]
+    init = ["init", "--storage-path", str(store), "--create-path", "--write-config", str(config)]
     subprocess.run(
         [sys.executable, "-m", "hf3fsctl", *init],
         check=True,

@@ -111,7 +111,9 @@ def baselines(run: Callable[..., EngineResult]) -> dict[str, list[list[int]]]:
 
 def _init(root: Path, *args: str) -> tuple[Path, dict[str, Any]]:
     config = root.parent / f"{root.name}.yaml"
-    hf3fsctl("init", "--storage-path", str(root), "--write-config", str(config), *args)
+    hf3fsctl(
+        "init", "--storage-path", str(root), "--create-path", "--write-config", str(config), *args
+    )
     kv = hf3fsctl("vllm-config", "--config", str(config), as_json=False)
     return config, kv
 

@@ -101,7 +101,14 @@ def texts() -> dict[str, str]:
 def store(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
     root = tmp_path_factory.mktemp("warm")
     config = root / "hf3fs.yaml"
-    cli("init", "--storage-path", str(root / "store"), "--write-config", str(config))
+    cli(
+        "init",
+        "--storage-path",
+        str(root / "store"),
+        "--create-path",
+        "--write-config",
+        str(config),
+    )
     kv = json.loads(cli("vllm-config", "--config", str(config)).stdout)
     return config, kv
 
@@ -207,7 +214,14 @@ def test_warm_interrupted_leaves_valid_entries_and_a_rerun_completes(
     tiny_model: Path, tmp_path: Path
 ) -> None:
     config = tmp_path / "hf3fs.yaml"
-    cli("init", "--storage-path", str(tmp_path / "store"), "--write-config", str(config))
+    cli(
+        "init",
+        "--storage-path",
+        str(tmp_path / "store"),
+        "--create-path",
+        "--write-config",
+        str(config),
+    )
     rng = random.Random(3)
     prompts = tmp_path / "many.txt"
     prompts.write_text("\n".join(words(rng, 700) for _ in range(60)) + "\n")

@@ -231,7 +231,9 @@ def test_help_init_vllm_config_and_doctor_run_from_the_wheel(installed: Installe
     assert helped.returncode == 0 and "build-ops" in helped.stdout
     config = installed.cwd / "hf3fs.yaml"
     store = installed.cwd / "store"
-    init = installed.run("init", "--storage-path", str(store), "--write-config", str(config))
+    init = installed.run(
+        "init", "--storage-path", str(store), "--create-path", "--write-config", str(config)
+    )
     assert init.returncode == 0, init.stderr
     vllm = installed.run("--config", str(config), "vllm-config", "--compact")
     assert vllm.returncode == 0, vllm.stderr

@@ -95,7 +95,7 @@ def test_config_flag_wins_over_hf3fsctl_config(tmp_path) -> None:
     file = tmp_path / "c.yaml"
     file.write_text("storage:\n  path: /from/flag\n")
     env = {"HF3FSCTL_CONFIG": str(tmp_path / "none.yaml")}
-    result = runner.invoke(app, ["--config", str(file), "vllm-config"], env=env)
+    result = runner.invoke(app, ["--config", str(file), "vllm-config", "--no-check"], env=env)
     assert json.loads(result.stdout)["kv_connector_extra_config"]["storage.path"] == "/from/flag"
 
 
@@ -225,7 +225,7 @@ def test_is_loopback(host: str, loopback: bool) -> None:
 
 def test_vllm_config_is_one_json_object_with_recompute() -> None:
     result = runner.invoke(
-        app, ["vllm-config", "--compact"], env={"HF3FSCTL_STORAGE_PATH": "/data/kv"}
+        app, ["vllm-config", "--compact", "--no-check"], env={"HF3FSCTL_STORAGE_PATH": "/data/kv"}
     )
     assert result.exit_code == 0
     assert len(result.stdout.strip().splitlines()) == 1
@@ -238,7 +238,7 @@ def test_vllm_config_is_one_json_object_with_recompute() -> None:
 def test_vllm_config_names_the_config_file_absolutely(tmp_path, monkeypatch) -> None:
     (tmp_path / "hf3fs.yaml").write_text("storage:\n  path: /data/kv\n")
     monkeypatch.chdir(tmp_path)
-    result = runner.invoke(app, ["vllm-config", "--config", "hf3fs.yaml"])
+    result = runner.invoke(app, ["vllm-config", "--config", "hf3fs.yaml", "--no-check"])
     extra = json.loads(result.stdout)["kv_connector_extra_config"]
     assert extra["config_file"] == str(tmp_path / "hf3fs.yaml")
 
@@ -246,7 +246,7 @@ def test_vllm_config_names_the_config_file_absolutely(tmp_path, monkeypatch) -> 
 def test_vllm_config_is_accepted_by_vllm_kv_transfer_config() -> None:
     from vllm.config.kv_transfer import KVTransferConfig
 
-    document = json.loads(runner.invoke(app, ["vllm-config"]).stdout)
+    document = json.loads(runner.invoke(app, ["vllm-config", "--no-check"]).stdout)
     config = KVTransferConfig(**document)
     assert config.kv_load_failure_policy == "recompute"
     assert config.is_kv_transfer_instance

@@ -116,6 +116,7 @@ def test_init_json_is_one_document_without_progress(tmp_path: Path) -> None:
             "init",
             "--storage-path",
             str(tmp_path / "s"),
+            "--create-path",
             "--file-size",
             "1MiB",
             "--namespace-manifest",
@@ -137,14 +138,15 @@ def test_init_is_idempotent(store: Store, tmp_path: Path) -> None:
 def test_init_reports_an_unwritable_storage_path_as_storage_error(tmp_path: Path) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("not a directory")
-    result = runner.invoke(app, ["init", "--storage-path", str(blocker / "store")])
+    result = runner.invoke(app, ["init", "--storage-path", str(blocker / "store"), "--create-path"])
     assert result.exit_code == 5
     assert "storage" in result.stderr
 
 
 def _init_naming_its_config(tmp_path: Path, config: Path, named_by: str) -> Any:
     """`init --write-config CONFIG`, with CONFIG also named as the config to read."""
-    base = ["init", "--storage-path", str(tmp_path / "s"), "--write-config", str(config)]
+    base = ["init", "--storage-path", str(tmp_path / "s"), "--create-path"]
+    base += ["--write-config", str(config)]
     args, env = {
         "env": (base, {"HF3FSCTL_CONFIG": str(config)}),
         "global-flag": (["--config", str(config), *base], {}),

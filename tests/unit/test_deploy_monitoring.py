@@ -247,7 +247,7 @@ def scrape_real_server(directory: Path) -> str:
     from hf3fsctl.meta.http import HttpMetadataClient
 
     storage, config = directory / "storage", directory / "hf3fs.yaml"
-    init = ["init", "--storage-path", str(storage), "--write-config", str(config)]
+    init = ["init", "--storage-path", str(storage), "--create-path", "--write-config", str(config)]
     subprocess.run(
         [sys.executable, "-m", "hf3fsctl", *init],
         check=True,

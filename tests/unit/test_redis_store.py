@@ -679,7 +679,8 @@ def test_cli_commands_on_a_redis_url_never_print_its_password(
     root = tmp_path / "root"
     config = tmp_path / "hf3fs.yaml"
     runner = CliRunner()
-    flags = ["--storage-path", str(root), "--metadata-url", url, "--capacity", "1GiB"]
+    flags = ["--storage-path", str(root), "--create-path", "--metadata-url", url]
+    flags += ["--capacity", "1GiB"]
     init = runner.invoke(app, ["init", *flags, "--write-config", str(config), "--json"])
     assert init.exit_code == 0, init.output
     for command in (["stats", "--json"], ["ls"], ["evict", "--all", "-y"]):
