@@ -104,6 +104,50 @@ def check_key(value: str) -> str:
     return value
 
 
+# Hex digits of one block key, by vLLM's `prefix_caching_hash_algo`: sha256 digests are
+# 32 bytes, xxhash's (xxh3_128) 16.
+KEY_HEX_DIGITS = {"sha256": 64, "sha256_cbor": 64, "xxhash": 32, "xxhash_cbor": 32}
+SHOWN_KEY_DIGITS = 16  # what tables show of a key (then "…"); `--json` shows it whole
+_HEX_RE = re.compile(r"^[0-9a-f]+$")
+
+
+def key_digits(hash_algorithm: object) -> int | None:
+    """Hex digits of a whole key of a namespace hashing with `hash_algorithm` (None when
+    the algorithm is not one vLLM names)."""
+    return KEY_HEX_DIGITS.get(str(hash_algorithm))
+
+
+def shown_key(key: str) -> str:
+    """A key as a table shows it: its first digits, then "…" when shortened."""
+    return key if len(key) <= SHOWN_KEY_DIGITS else key[:SHOWN_KEY_DIGITS] + "…"
+
+
+def parse_key_argument(value: str, digits: int | None) -> tuple[str, bool]:
+    """A key as typed (`--key`): lower-cased, a table's trailing "…" dropped.
+
+    Returns `(key, whole)`: `whole` is false for a shorter run of hex digits, which the
+    caller resolves as a prefix of a stored key (tables show keys shortened).
+
+    Raises:
+        InvalidRequest: not hex, or longer than the namespace's keys, naming the form
+            expected.
+    """
+    key = value.strip().lower().removesuffix("…").removesuffix("...")
+    expected = f"{digits} hex digits" if digits else "16-128 hex digits"
+    if not _HEX_RE.fullmatch(key):
+        raise InvalidRequest(
+            f"block key {value!r} is malformed; expected {expected} (or a unique prefix "
+            "of a stored key, as `hf3fsctl ls` shows it)"
+        )
+    if digits is None:
+        return check_key(key), True
+    if len(key) > digits:
+        raise InvalidRequest(
+            f"block key {value!r} has {len(key)} hex digits; this namespace's keys have {digits}"
+        )
+    return key, len(key) == digits
+
+
 _HEX_DIGITS = b"0123456789abcdef"
 
 

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 from hf3fsctl.cli import output
 from hf3fsctl.errors import Hf3fsctlError, NotFound
+from hf3fsctl.keys import shown_key
 
 if TYPE_CHECKING:
     from hf3fsctl.cli.checks import Report
@@ -159,7 +160,9 @@ def _confirmed(
         if location is None or location.page != entry.page or location.checksum != entry.checksum:
             continue  # evicted or moved while we read: not corruption
         if _read_batch(engine, file, [entry]):
-            confirmed.append(f"rank {entry.rank} page {entry.page} key {entry.key[:16]}: {reason}")
+            confirmed.append(
+                f"rank {entry.rank} page {entry.page} key {shown_key(entry.key)}: {reason}"
+            )
     return confirmed
 
 

@@ -1,5 +1,7 @@
 """`hf3fsctl ls`: list stored entries, most recently used first; or, with `--pins`, pins.
 
+Keys are shown shortened (`shown_key`: 16 hex digits and "…"), which `pin`/`unpin
+--key` accept as a unique prefix; `--json` prints them whole.
 One row per (key, rank) entry: namespace, key prefix, rank, page, size, state
 (committed/pending), depth, hits, the age of the last access and whether the key is
 pinned. `--pins` lists live pins instead, newest first: namespace, key, when pinned,
@@ -16,11 +18,10 @@ import typer
 
 from hf3fsctl.cli import context, output
 from hf3fsctl.cli.options import ConfigOpt, JsonOpt, NamespaceOpt
+from hf3fsctl.keys import shown_key
 
 if TYPE_CHECKING:
     from hf3fsctl.meta.models import PinInfo
-
-KEY_PREFIX_CHARS = 16
 
 
 def show_pins(pins: list[PinInfo], limit: int) -> None:
@@ -29,7 +30,7 @@ def show_pins(pins: list[PinInfo], limit: int) -> None:
     rows = [
         [
             pin.namespace,
-            pin.key[:KEY_PREFIX_CHARS],
+            shown_key(pin.key),
             f"{output.format_age(now - pin.created)} ago",
             "never" if pin.expires is None else f"in {output.format_age(pin.expires - now)}",
             "yes" if pin.stored else "no",
@@ -76,7 +77,7 @@ def ls(
     rows = [
         [
             entry.namespace,
-            entry.key[:KEY_PREFIX_CHARS],
+            shown_key(entry.key),
             entry.rank,
             entry.page,
             format_size(entry.size),

@@ -31,7 +31,13 @@ NamespaceArg = Annotated[
 ]
 KeyOpt = Annotated[
     list[str] | None,
-    typer.Option("--key", "-k", metavar="KEY", help="A block key (hex); repeatable."),
+    typer.Option(
+        "--key",
+        "-k",
+        metavar="KEY",
+        help="A block key: whole (hex, as `ls --json` prints it) or shortened as `ls` shows "
+        "it (a unique prefix of a stored key); repeatable.",
+    ),
 ]
 PromptOpt = Annotated[
     list[str] | None,
@@ -76,6 +82,47 @@ def read_prompts(path: Path) -> list[str]:
     return [line for line in text.splitlines() if line.strip()]
 
 
+SCAN_ENTRIES = 200_000  # entries searched for the keys a shortened `--key` may mean
+_WINDOW = 500
+
+
+def resolve_key_prefixes(
+    client: MetadataClient, namespace: str, prefixes: list[str]
+) -> dict[str, str]:
+    """The whole key each shortened key (`hf3fsctl ls` shows 16 digits) stands for: the
+    one stored or pinned key of the namespace that starts with it.
+
+    Raises:
+        InvalidRequest: a prefix matches no key (a key not stored yet is pinned whole)
+            or several.
+    """
+    found: dict[str, set[str]] = {prefix: set() for prefix in prefixes}
+
+    def match(keys: list[str]) -> None:
+        for key in keys:
+            for prefix, hits in found.items():
+                if key.startswith(prefix):
+                    hits.add(key)
+
+    match([pin.key for pin in client.list_pins(namespace, limit=SCAN_ENTRIES)])
+    for offset in range(0, SCAN_ENTRIES, _WINDOW):
+        batch = client.list_entries(namespace, limit=_WINDOW, offset=offset)
+        match([entry.key for entry in batch])
+        if len(batch) < _WINDOW:
+            break
+    resolved = {}
+    for prefix, hits in found.items():
+        if len(hits) != 1:
+            what = "no stored or pinned key" if not hits else f"{len(hits)} keys"
+            raise InvalidRequest(
+                f"block key {prefix!r} is shortened and {what} of {namespace} starts with it",
+                hint="pass the whole key (`hf3fsctl ls --json` prints whole keys); a key not "
+                "stored yet can only be pinned whole",
+            )
+        resolved[prefix] = hits.pop()
+    return resolved
+
+
 def gather_keys(
     client: MetadataClient,
     namespace: str,
@@ -85,19 +132,27 @@ def gather_keys(
 ) -> tuple[list[str], list[dict[str, Any]]]:
     """The keys to (un)pin, in order without repeats, and one summary per prompt.
 
-    Raises:
-        InvalidRequest: a malformed key, an unreadable prompts file, or a tokenizer that
-            cannot be loaded.
-    """
-    from hf3fsctl.keys import check_key
+    A `--key` is the whole key, as long as the namespace's hash makes them (64 hex digits
+    for sha256), or a shortened one as `hf3fsctl ls` shows it, which must match exactly
+    one stored or pinned key.
 
-    wanted = [check_key(key.strip().lower()) for key in keys or []]
+    Raises:
+        InvalidRequest: a malformed key, a shortened one that matches no key or several,
+            an unreadable prompts file, or a tokenizer that cannot be loaded.
+    """
+    from hf3fsctl.keys import key_digits, parse_key_argument
+
+    manifest = client.get_namespace(namespace).manifest
+    digits = key_digits(manifest.get("hash_algorithm"))
+    parsed = [parse_key_argument(key, digits) for key in keys or []]
+    shortened = [key for key, whole in parsed if not whole]
+    whole_of = resolve_key_prefixes(client, namespace, shortened) if shortened else {}
+    wanted = [key if whole else whole_of[key] for key, whole in parsed]
     texts = list(prompts or []) + (read_prompts(prompts_file) if prompts_file else [])
     summaries: list[dict[str, Any]] = []
     if texts:
         from hf3fsctl.prompt_keys import load_tokenizer, prompt_block_keys, tokenize
 
-        manifest = client.get_namespace(namespace).manifest
         model = manifest.get("model")
         if not isinstance(model, str) or not model:
             raise InvalidRequest(f"namespace {namespace} records no model to tokenize with")
