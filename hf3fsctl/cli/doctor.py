@@ -170,11 +170,12 @@ def check_metadata(report: Report, client: MetadataClient) -> bool:
 
 def check_redis(report: Report, client: MetadataClient) -> None:
     """For a Redis store: the server's replication role and replicas, and the format."""
-    replication = getattr(client, "replication", None)
-    if replication is None:
+    from hf3fsctl.meta.protocol import Replicated
+
+    if not isinstance(client, Replicated):
         return
     try:
-        info = replication()
+        info = client.replication()
     except Hf3fsctlError as exc:
         report.add("metadata.redis", "fail", exc.message, exc.hint)
         return
@@ -297,9 +298,10 @@ def check_invariants(report: Report, cfg: Config, client: MetadataClient | None 
     (pages owned once, counts consistent, …); a backup is checked the same way. A Redis
     store is checked through its client, which is the store itself."""
     db = context.sqlite_path(cfg.metadata_target)
-    check = getattr(client, "check_invariants", None)
-    if db is None and cfg.metadata_target.redis and callable(check):
-        _report_invariants(report, list(check()), cfg.metadata_target.url)
+    from hf3fsctl.meta.protocol import SelfChecking
+
+    if db is None and cfg.metadata_target.redis and isinstance(client, SelfChecking):
+        _report_invariants(report, list(client.check_invariants()), cfg.metadata_target.url)
         return
     if db is None:
         report.add(

@@ -1,4 +1,4 @@
-"""One metadata client protocol, three implementations chosen by URL scheme.
+"""The factories: the metadata client (or store) a URL names, chosen by its scheme.
 
 - `sqlite:///PATH` → `EmbeddedMetadataClient`: the SQLite store in this process (no
   server; processes of one node share the database file).
@@ -9,172 +9,31 @@
   `RedisMetadataStore` (`meta/redis/`): the store itself, shared by every process that
   names the same Redis (one Lua script per call; no server of ours in between).
 
-Both raise the same typed errors (`hf3fsctl.errors`): `MetadataUnavailable` when the
-service cannot answer in time, `AuthError`, `InvalidRequest`, `NotFound`,
-`NamespaceConflict` as the store decides.
-
-Contract of the data-path calls (the store enforces it; both clients pass it through):
-
-- `lookup(ns, keys)` → how many leading keys are committed on every rank. Read-only
-  apart from traffic counters.
-- `locate(ns, rank, keys)` → a `Location` (page, checksum, size) or None per key, and
-  a read lease: the located pages are not reused for `lease_s`, even if evicted.
-- `allocate(ns, rank, keys, first_depth)` → pages for keys not yet stored on that
-  rank; keys already committed or pending are `existing`; `no_space` when nothing
-  could be freed. May evict LRU entries (chain tails first) above the high watermark.
-- `commit(ns, rank, items)` → pending → committed with checksums; only for the
-  exact (key, page) the writer was allocated. Returns how many committed.
-- `release(ns, rank, allocations)` → a writer gives up pending allocations (only the
-  exact (key, page) pairs it holds); returns how many released.
-- Admin calls: `capacity()` / `set_capacity(bytes)` (the store's one budget, recorded
-  in the store), `pin` / `unpin` / `list_pins`, `drop_namespaces` (metadata only: the
-  caller removes the page files), `evict`, `stats`, `list_entries`.
-- `invalidate(ns, rank, items)` → a reader found these committed pages corrupt
-  (`Location`s or `(key, page, checksum)`): each key whose entry on `rank` still has
-  that exact page and checksum is dropped on every rank (pages freed honouring read
-  leases); a key re-saved since is left alone. Returns how many keys were dropped;
-  idempotent.
+The protocols these return are declared once, in `meta/protocol.py` (`MetadataClient`,
+and the narrow `DataPath`, `Registry`, `Admin`, `ChangeFeed` a caller may depend on
+instead); they are re-exported here for the callers that open a client.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING
 
-from hf3fsctl.meta.models import (
-    AllocateResult,
-    Allocation,
-    CapacityInfo,
-    ChangeLog,
-    CommitItem,
-    DropNamespacesResult,
-    EntryInfo,
-    EvictRequest,
-    EvictResult,
-    InvalidateItem,
-    Location,
-    NamespaceInfo,
-    PinInfo,
-    PinResult,
-    RankFile,
-    StoreStats,
-)
+from hf3fsctl.meta.protocol import MetadataClient, Store
 
 if TYPE_CHECKING:
-    from hf3fsctl.config import Config, MetadataUrl
+    from hf3fsctl.config import Config
+    from hf3fsctl.config.urls import MetadataUrl
     from hf3fsctl.meta.policy import StorePolicy
-    from hf3fsctl.meta.redis import RedisMetadataStore
-    from hf3fsctl.meta.store import MetadataStore
 
-    Store = MetadataStore | RedisMetadataStore
-    """A store `hf3fsctl serve` can front (`create_app(store)`)."""
-
-
-@runtime_checkable
-class MetadataClient(Protocol):
-    """What the CLI and the connector need from the metadata store."""
-
-    url: str
-
-    def register_namespace(self, namespace: str, manifest: dict[str, Any]) -> NamespaceInfo:
-        """Create a namespace, or return it if identical; `NamespaceConflict` if not."""
-        ...
-
-    def register_rank(self, namespace: str, rank_file: RankFile) -> NamespaceInfo:
-        """Record one rank's page file; `NamespaceConflict` if it differs from before."""
-        ...
-
-    def get_namespace(self, namespace: str) -> NamespaceInfo:
-        """One namespace; `NotFound` if absent."""
-        ...
-
-    def namespaces(self) -> list[NamespaceInfo]:
-        """Every registered namespace."""
-        ...
-
-    def lookup(self, namespace: str, keys: Sequence[str]) -> int:
-        """Number of leading `keys` committed on every rank of the namespace."""
-        ...
-
-    def locate(self, namespace: str, rank: int, keys: Sequence[str]) -> list[Location | None]:
-        """Where each key's page is on `rank` (None if absent), with a read lease."""
-        ...
-
-    def allocate(
-        self, namespace: str, rank: int, keys: Sequence[str], first_depth: int = 0
-    ) -> AllocateResult:
-        """Pages for keys not yet stored on `rank`."""
-        ...
-
-    def commit(self, namespace: str, rank: int, items: Sequence[CommitItem]) -> int:
-        """Commit written pages; returns how many were committed."""
-        ...
-
-    def release(self, namespace: str, rank: int, allocations: Sequence[Allocation]) -> int:
-        """Give back pending allocations; returns how many were released."""
-        ...
-
-    def invalidate(
-        self,
-        namespace: str,
-        rank: int,
-        items: Sequence[Location | InvalidateItem | tuple[str, int, str]],
-    ) -> int:
-        """Drop keys whose page on `rank` was found corrupt; returns how many were dropped."""
-        ...
-
-    def evict(self, request: EvictRequest) -> EvictResult:
-        """Evict entries by the request's criteria."""
-        ...
-
-    def stats(self) -> StoreStats:
-        """Usage and traffic of the store."""
-        ...
-
-    def list_entries(
-        self, namespace: str | None = None, limit: int = 100, offset: int = 0
-    ) -> list[EntryInfo]:
-        """Entries, most recently used first."""
-        ...
-
-    def capacity(self) -> CapacityInfo:
-        """The store's recorded capacity and what its page files hold."""
-        ...
-
-    def set_capacity(self, capacity_bytes: int) -> CapacityInfo:
-        """Record the store's capacity."""
-        ...
-
-    def pin(self, namespace: str, keys: Sequence[str], ttl_s: float | None = None) -> PinResult:
-        """Keep keys out of LRU eviction; `InvalidRequest` past `storage.max_pinned`."""
-        ...
-
-    def unpin(self, namespace: str, keys: Sequence[str] | None = None) -> int:
-        """Drop pins (all of the namespace's when `keys` is None); returns how many."""
-        ...
-
-    def list_pins(self, namespace: str | None = None, limit: int = 1000) -> list[PinInfo]:
-        """Live pins, newest first."""
-        ...
-
-    def drop_namespaces(
-        self, namespace_ids: Sequence[str], *, dry_run: bool = False
-    ) -> DropNamespacesResult:
-        """Remove namespaces' metadata (the caller removes their page files)."""
-        ...
-
-    def changes(self, since: int, namespace: str | None = None, limit: int = 10_000) -> ChangeLog:
-        """The change log after `since` (-1: its end): keys that gained or lost a rank."""
-        ...
-
-    def health(self) -> dict[str, Any]:
-        """A cheap liveness check; raises `MetadataUnavailable` when down."""
-        ...
-
-    def close(self) -> None:
-        """Release connections."""
-        ...
+__all__ = [
+    "MetadataClient",
+    "Store",
+    "connect",
+    "metadata_token",
+    "open_metadata_client",
+    "open_store",
+]
 
 
 def open_metadata_client(
@@ -196,7 +55,7 @@ def open_metadata_client(
     process runs (embedded SQLite, Redis); a server uses its own. `read_only` opens an
     embedded SQLite store for reading only (no writer lock; other backends ignore it).
     """
-    from hf3fsctl.config import MetadataUrl
+    from hf3fsctl.config.urls import MetadataUrl
 
     target = url if isinstance(url, MetadataUrl) else MetadataUrl.parse(url)
     if target.scheme == "sqlite":
@@ -270,7 +129,7 @@ def open_store(
     Raises:
         ConfigError: an `http(s)://` URL (a server cannot front another server).
     """
-    from hf3fsctl.config import MetadataUrl
+    from hf3fsctl.config.urls import MetadataUrl
 
     if isinstance(url, str) and "://" not in url:
         url = f"sqlite:///{Path(url).expanduser().absolute()}"

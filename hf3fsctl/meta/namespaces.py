@@ -14,23 +14,18 @@ import sqlite3
 import time
 from typing import Any
 
-from hf3fsctl.errors import InvalidRequest, NamespaceConflict, NotFound
-from hf3fsctl.keys import namespace_id
+from hf3fsctl.errors import NamespaceConflict, NotFound
+from hf3fsctl.meta.base import check_rank_file
 from hf3fsctl.meta.models import DroppedNamespace, NamespaceInfo, RankFile
 
 logger = logging.getLogger(__name__)
 
 
 def insert_namespace(
-    conn: sqlite3.Connection, namespace: str, manifest: dict[str, Any]
+    conn: sqlite3.Connection, namespace: str, manifest: dict[str, Any], num_ranks: int
 ) -> NamespaceInfo:
-    """Create `namespace` from its manifest, or return it if identical (write transaction)."""
-    expected = namespace_id(manifest)
-    if expected != namespace:
-        raise InvalidRequest(
-            f"namespace id {namespace} does not match its manifest (hash {expected})"
-        )
-    num_ranks = manifest_ranks(manifest)
+    """Create `namespace` from its manifest (checked by the store core: its id, its
+    `num_ranks`), or return it if identical (write transaction)."""
     text = json.dumps(manifest, sort_keys=True, separators=(",", ":"), default=str)
     row = conn.execute("SELECT manifest FROM namespaces WHERE id = ?", (namespace,))
     existing = row.fetchone()
@@ -46,26 +41,6 @@ def insert_namespace(
     else:
         conn.execute("UPDATE namespaces SET last_used = ? WHERE id = ?", (time.time(), namespace))
     return namespace_info(conn, namespace)
-
-
-def check_rank_file(info: NamespaceInfo, rank_file: RankFile) -> None:
-    """Refuse a rank file its namespace cannot have (every store checks the same).
-
-    Raises:
-        InvalidRequest: the rank is out of range, `page_bytes` differs from the
-            manifest's, or `slot_bytes` is smaller than `page_bytes`.
-    """
-    if rank_file.rank >= info.num_ranks:
-        raise InvalidRequest(
-            f"rank {rank_file.rank} is out of range: namespace {info.id} has {info.num_ranks} ranks"
-        )
-    page_bytes = info.manifest.get("page_bytes")
-    if isinstance(page_bytes, int) and page_bytes != rank_file.page_bytes:
-        raise InvalidRequest(
-            f"rank file page_bytes {rank_file.page_bytes} differs from the manifest's {page_bytes}"
-        )
-    if rank_file.slot_bytes < rank_file.page_bytes:
-        raise InvalidRequest("rank file slot_bytes is smaller than page_bytes")
 
 
 def insert_rank_file(
@@ -133,19 +108,6 @@ def namespace_info(conn: sqlite3.Connection, namespace: str) -> NamespaceInfo:
             for r in ranks
         ],
     )
-
-
-def manifest_ranks(manifest: dict[str, Any]) -> int:
-    """`tp_size * pp_size` of a manifest, validated."""
-    sizes = []
-    for name in ("tp_size", "pp_size"):
-        value = manifest.get(name)
-        if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= 4096:
-            raise InvalidRequest(f"manifest {name} must be an integer in 1..4096, got {value!r}")
-        sizes.append(value)
-    if sizes[0] * sizes[1] > 4096:
-        raise InvalidRequest(f"manifest has {sizes[0] * sizes[1]} ranks (TP x PP); at most 4096")
-    return sizes[0] * sizes[1]
 
 
 def drop_namespace(

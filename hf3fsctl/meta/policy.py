@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from hf3fsctl.config import Amount, parse_amount
+from hf3fsctl.config.units import Amount, parse_amount
 
 if TYPE_CHECKING:
     from hf3fsctl.config import Config

@@ -544,7 +544,7 @@ def create_app(
     # The SQLite store's lookup never blocks (a WAL snapshot, an in-memory index): it runs
     # on the loop. A store whose lookup is a network round trip (Redis) says so, and its
     # lookups go to the reader threads like every other read.
-    lookup_on_loop = not getattr(store, "lookup_does_io", False)
+    lookup_on_loop = not store.lookup_does_io
 
     async def read(answer: Callable[[], Response]) -> Response:
         """`answer()` (store reads: WAL snapshots, never the writer lock) in a reader thread."""

@@ -47,11 +47,12 @@ from typing import Any, TypeVar
 
 from pydantic import TypeAdapter
 
-from hf3fsctl.errors import InvalidRequest, MetadataUnavailable, NotFound, StorageError
-from hf3fsctl.keys import check_keys, check_namespace_id
+from hf3fsctl.errors import MetadataUnavailable, NotFound, StorageError
+from hf3fsctl.keys import check_namespace_id
 from hf3fsctl.meta import capacity as room
 from hf3fsctl.meta import migration, namespaces, pins, schema
 from hf3fsctl.meta.backup import BackupResult, Progress, backup_database
+from hf3fsctl.meta.base import Attempt, StoreCore
 from hf3fsctl.meta.checkpointer import WalCheckpointer
 from hf3fsctl.meta.committed_index import CommittedIndex, prune_changes, read_changes
 from hf3fsctl.meta.eviction import (
@@ -60,45 +61,31 @@ from hf3fsctl.meta.eviction import (
     invalidate_pages,
     reclaim_expired,
 )
+from hf3fsctl.meta.giveback import GiveBack
 from hf3fsctl.meta.models import (
-    AllocateResult,
     Allocation,
-    CapacityInfo,
     ChangeLog,
-    CheckedKeys,
     CommitItem,
     DropNamespacesResult,
     EntryInfo,
     EvictRequest,
     EvictResult,
-    InvalidateItem,
     Location,
     NamespaceInfo,
-    NamespaceStats,
     PinInfo,
     PinResult,
     RankFile,
     StoreStats,
-    page_triples,
 )
-from hf3fsctl.meta.policy import StorePolicy, resolve_capacity
+from hf3fsctl.meta.policy import StorePolicy
 from hf3fsctl.meta.writer_lock import WriterLock
 
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 _LOCATIONS = TypeAdapter(list[Location | None])
-_ALLOCATE_RESULT = TypeAdapter(AllocateResult)
 _CHUNK = 500  # keys per SQL statement (well under SQLite's variable limit)
 _FLUSH_INTERVAL_S = 1.0
-_ALLOCATE_ATTEMPTS = 3  # an allocation that met space being given back asks again
-_SETTLE_WAIT_S = 0.002  # … after this long, when another writer is giving space back
-
-
-def _require_keys(keys: Sequence[str]) -> None:
-    """`check_keys`, unless a request model already did (`CheckedKeys`)."""
-    if not isinstance(keys, CheckedKeys):
-        check_keys(keys)
 
 
 def _wal_pages(path: str) -> int:
@@ -150,8 +137,9 @@ def _chunks(items: Sequence[T], size: int = _CHUNK) -> Iterator[Sequence[T]]:
         yield items[start : start + size]
 
 
-class MetadataStore:
-    """The SQLite metadata store. Implements every `MetadataClient` data and admin call.
+class MetadataStore(StoreCore):
+    """The SQLite metadata store: the `Store` protocol (`meta/protocol.py`), on the
+    store core (`meta/base.py`: validation, the allocate loop), with SQL primitives.
 
     Args:
         path: the database file (created with its directory if missing).
@@ -188,23 +176,18 @@ class MetadataStore:
         policy: StorePolicy | None = None,
         read_only: bool = False,
     ) -> None:
-        if not 0 <= low_watermark <= high_watermark <= 1:
-            raise InvalidRequest(
-                f"watermarks must satisfy 0 <= low ({low_watermark}) <= high "
-                f"({high_watermark}) <= 1"
-            )
         self.path = str(path)
-        self.lease_s = float(lease_s)
-        self.high_watermark = float(high_watermark)
-        self.low_watermark = float(low_watermark)
+        self._init_core(
+            f"sqlite:///{os.path.abspath(self.path)}",
+            lease_s=lease_s,
+            high_watermark=high_watermark,
+            low_watermark=low_watermark,
+            pending_timeout_s=pending_timeout_s,
+            policy=policy,
+        )
         self.busy_timeout_s = float(busy_timeout_s)
-        self.policy = policy or StorePolicy(storage_root=None, capacity="100%")
-        if self.policy.pending_timeout_s is not None:  # the configured deadline wins
-            pending_timeout_s = self.policy.pending_timeout_s
-        self.pending_timeout_s = float(pending_timeout_s)
         self.durable = durable
         self.background_checkpoint = background_checkpoint
-        self._puncher = room.HolePuncher(self.policy.storage_root)
         self._local = threading.local()
         self._connections: list[sqlite3.Connection] = []
         self._connections_lock = threading.Lock()
@@ -223,7 +206,7 @@ class MetadataStore:
         except BaseException:  # e.g. a store of another format: leave nothing open
             self._close_connections()
             raise
-        self._capacity = self._record_default_capacity()
+        self._record_default_capacity()
         self._checkpointer = (
             WalCheckpointer(
                 self.path, limit_bytes=self._wal_pages * 4096, writer_lock=self._lock()
@@ -337,20 +320,12 @@ class MetadataStore:
             self._finish_marks()  # a crash came between marking and punching
         if recorded is not None:
             return recorded
-        root = self.policy.storage_root
-        if root is None or not Path(root).is_dir():
-            logger.log(
-                logging.WARNING if root is not None else logging.DEBUG,
-                "metadata store %s has no recorded capacity and no storage root here to "
-                "size one from: unbounded until `hf3fsctl init --capacity` records one",
-                self.path,
-            )
-            return None
-        value = resolve_capacity(self.policy.capacity, root, held)
+        return self._default_capacity(held)
+
+    def _record_capacity_if_none(self, capacity_bytes: int) -> int | None:
         with self._write() as conn:
             if self._stored_capacity(conn) is None:
-                self._store_capacity(conn, value)
-                logger.info("metadata store %s: capacity %d bytes recorded", self.path, value)
+                self._store_capacity(conn, capacity_bytes)
             return self._stored_capacity(conn)
 
     @staticmethod
@@ -367,32 +342,16 @@ class MetadataStore:
             (str(int(value)),),
         )
 
-    def set_capacity(self, capacity_bytes: int) -> CapacityInfo:
-        """Record the store's capacity (every process enforces the recorded value)."""
-        if isinstance(capacity_bytes, bool) or not isinstance(capacity_bytes, int):
-            raise InvalidRequest(f"capacity must be a number of bytes, got {capacity_bytes!r}")
-        if capacity_bytes <= 0:
-            raise InvalidRequest(f"capacity must be positive, got {capacity_bytes}")
+    def _set_capacity(self, capacity_bytes: int) -> None:
         with self._write() as conn:
             self._store_capacity(conn, capacity_bytes)
-        self._capacity = capacity_bytes
-        return self.capacity()
 
-    def capacity(self) -> CapacityInfo:
-        """The recorded capacity and the bytes the page files hold."""
+    def _capacity_held(self) -> tuple[int | None, int]:
         with self._read() as conn:
-            cap = self._stored_capacity(conn)
-            held = room.held_bytes(conn)
-        self._capacity = cap
-        return CapacityInfo(
-            capacity_bytes=cap,
-            bytes_used=held,
-            bytes_free=None if cap is None else max(0, cap - held),
-        )
+            return self._stored_capacity(conn), room.held_bytes(conn)
 
     def _bounds(self, conn: sqlite3.Connection) -> room.Bounds:
         cap = self._stored_capacity(conn)
-        self._capacity = cap
         return room.Bounds(
             capacity=cap,
             high=self.high_watermark,
@@ -403,16 +362,14 @@ class MetadataStore:
 
     def _can_punch(self) -> bool:
         """Whether freed pages' space can go back to the file system from this process
-        (`capacity.HolePuncher`: the storage root is here and punches holes)."""
+        (`giveback.HolePuncher`: the storage root is here and punches holes)."""
         return self._puncher.available()
 
-    def _punch(
-        self, marked: Sequence[room.GiveBack]
-    ) -> tuple[list[room.GiveBack], list[room.GiveBack]]:
+    def _punch(self, marked: Sequence[GiveBack]) -> tuple[list[GiveBack], list[GiveBack]]:
         """Punch marked pages; returns (punched, refused)."""
         return self._puncher.punch(marked)
 
-    def _give_back(self, marked: Sequence[room.GiveBack]) -> None:
+    def _give_back(self, marked: Sequence[GiveBack]) -> None:
         """Punch pages marked in a committed transaction, then settle their marks."""
         if not marked or self.policy.storage_root is None:
             return
@@ -437,14 +394,14 @@ class MetadataStore:
         try:
             yield
         except sqlite3.OperationalError as exc:
-            text = str(exc).lower()
-            if "locked" in text or "busy" in text:
+            code = (getattr(exc, "sqlite_errorcode", None) or 0) & 0xFF  # the primary code
+            if code in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED):
                 raise MetadataUnavailable(
                     f"metadata store {self.path} stayed busy for {self.busy_timeout_s:g}s"
                 ) from None
-            if "readonly" in text or "read-only" in text or "unable to open" in text:
+            if code in (sqlite3.SQLITE_READONLY, sqlite3.SQLITE_CANTOPEN):
                 raise _read_only_error(self.path) from None
-            if "full" in text or "i/o" in text:
+            if code in (sqlite3.SQLITE_FULL, sqlite3.SQLITE_IOERR):
                 raise MetadataUnavailable(
                     f"metadata store {self.path} cannot be written: {exc}",
                     hint="free space on its file system, or check that it is writable",
@@ -562,21 +519,17 @@ class MetadataStore:
 
     # --- namespaces --------------------------------------------------------------------
 
-    def register_namespace(self, namespace: str, manifest: dict[str, Any]) -> NamespaceInfo:
-        """Create a namespace, or return it if identical; `NamespaceConflict` if not."""
-        check_namespace_id(namespace)
+    def _register_namespace(
+        self, namespace: str, manifest: dict[str, Any], num_ranks: int
+    ) -> NamespaceInfo:
         with self._write() as conn:
-            return namespaces.insert_namespace(conn, namespace, manifest)
+            return namespaces.insert_namespace(conn, namespace, manifest, num_ranks)
 
-    def register_rank(self, namespace: str, rank_file: RankFile) -> NamespaceInfo:
-        """Record one rank's page file; `NamespaceConflict` if it differs from before."""
-        check_namespace_id(namespace)
+    def _register_rank(self, namespace: str, rank_file: RankFile) -> NamespaceInfo:
         with self._write() as conn:
             return namespaces.insert_rank_file(conn, namespace, rank_file)
 
-    def get_namespace(self, namespace: str) -> NamespaceInfo:
-        """One namespace; `NotFound` if absent."""
-        check_namespace_id(namespace)
+    def _get_namespace(self, namespace: str) -> NamespaceInfo:
         with self._read() as conn:
             return namespaces.namespace_info(conn, namespace)
 
@@ -610,13 +563,7 @@ class MetadataStore:
 
     # --- data path ---------------------------------------------------------------------
 
-    def lookup(self, namespace: str, keys: Sequence[str]) -> int:
-        """Number of leading `keys` committed on every rank of the namespace.
-
-        Keys are checked (`check_keys`) on this and the other data-path calls, except
-        `CheckedKeys`, which a request model already checked (the server's bodies).
-        """
-        _require_keys(keys)
+    def _lookup(self, namespace: str, keys: Sequence[str]) -> int:
         with self._read() as conn:
             num_ranks = self._ranks_of(conn, namespace)
             hits = self._index.leading_hits(conn, namespace, keys, num_ranks)
@@ -652,10 +599,8 @@ class MetadataStore:
             except sqlite3.Error:
                 conn.execute("ROLLBACK")
 
-    def locate(self, namespace: str, rank: int, keys: Sequence[str]) -> list[Location | None]:
-        """Committed locations of `keys` on `rank` (None if absent), with a read lease."""
-        _require_keys(keys)
-        found = self._locate(namespace, rank, keys)
+    def _locate(self, namespace: str, rank: int, keys: Sequence[str]) -> list[Location | None]:
+        found = self._locate_rows(namespace, rank, keys)
         return _LOCATIONS.validate_python(
             [
                 None
@@ -666,7 +611,7 @@ class MetadataStore:
             ]
         )
 
-    def _locate(
+    def _locate_rows(
         self, namespace: str, rank: int, keys: Sequence[str]
     ) -> dict[str, tuple[int, str, int]]:
         """`(page, checksum, size)` of each committed key of `keys`; takes the leases."""
@@ -697,54 +642,6 @@ class MetadataStore:
                 )
         return found
 
-    def allocate(
-        self, namespace: str, rank: int, keys: Sequence[str], first_depth: int = 0
-    ) -> AllocateResult:
-        """Pages for keys not yet stored on `rank`; may evict LRU keys above the watermark."""
-        _require_keys(keys)
-        allocated, existing, no_space = self._allocate(namespace, rank, keys, first_depth)
-        return _ALLOCATE_RESULT.validate_python(
-            {
-                "allocated": [{"key": key, "page": page} for key, page in allocated],
-                "existing": existing,
-                "no_space": no_space,
-            }
-        )
-
-    def _allocate(
-        self, namespace: str, rank: int, keys: Sequence[str], first_depth: int
-    ) -> tuple[list[tuple[str, int]], list[str], list[str]]:
-        """`allocate` as `([(key, page)], existing, no_space)`, in up to two transactions
-        (`_allocate_once`): the second asks again for the keys the first found no space
-        for, once the room the first made is settled."""
-        if first_depth < 0:
-            raise InvalidRequest(f"first_depth must be >= 0, got {first_depth}")
-        now = time.time()
-        depth_of: dict[str, int] = {}
-        for index, key in enumerate(keys):
-            depth_of.setdefault(key, first_depth + index)
-        allocated: list[tuple[str, int]] = []
-        existing: list[str] = []
-        wanted = list(depth_of)
-        for attempt in range(_ALLOCATE_ATTEMPTS):
-            marked, no_space = self._allocate_once(
-                namespace, rank, wanted, depth_of, now, allocated, existing
-            )
-            self._give_back(marked)
-            last = attempt == _ALLOCATE_ATTEMPTS - 1
-            if not no_space or last:
-                return allocated, existing, no_space
-            # Space counts as free only once punched: ask again once the room this call
-            # made is settled, or — when another writer's freed pages are still being
-            # given back — a moment later, instead of refusing a save for space that is
-            # about to exist.
-            if not marked:
-                if not self._giving_back_elsewhere():
-                    return allocated, existing, no_space
-                time.sleep(_SETTLE_WAIT_S)
-            wanted, now = no_space, time.time()
-        raise AssertionError("unreachable")
-
     def _giving_back_elsewhere(self) -> bool:
         """Whether some writer's freed pages are marked and not yet punched."""
         with self._read() as conn:
@@ -754,21 +651,15 @@ class MetadataStore:
         return row is not None
 
     def _allocate_once(
-        self,
-        namespace: str,
-        rank: int,
-        unique: list[str],
-        depth_of: dict[str, int],
-        now: float,
-        allocated: list[tuple[str, int]],
-        existing: list[str],
-    ) -> tuple[list[room.GiveBack], list[str]]:
-        """One allocation transaction; appends to `allocated` / `existing`.
-
-        Returns the pages it marked to give back (punch after commit) and the keys it
-        found no space for.
-        """
-        marked: list[room.GiveBack] = []
+        self, namespace: str, rank: int, unique: list[str], depth_of: dict[str, int]
+    ) -> Attempt:
+        """One allocation transaction: regrant dead writers' pending keys, make room
+        (`eviction.evict_for_allocation` for a full file, `capacity.room_for` for the
+        store's capacity and quotas), take pages."""
+        now = time.time()
+        marked: list[GiveBack] = []
+        allocated: list[tuple[str, int]] = []
+        existing: list[str] = []
         with self._write() as conn:
             num_pages, _, used = self._rank_file(conn, namespace, rank)
             known: dict[str, tuple[int, int, float | None]] = {}
@@ -828,15 +719,9 @@ class MetadataStore:
                     (len(granted), namespace, rank),
                 )
             allocated.extend((key, page) for key, (page, _) in zip(granted, pages, strict=False))
-        return marked, new_keys[len(pages) :]
+        return allocated, existing, new_keys[len(pages) :], marked
 
-    def commit(self, namespace: str, rank: int, items: Sequence[CommitItem]) -> int:
-        """Pending → committed for the exact (key, page) pairs; returns how many.
-
-        `items` are validated models (their keys were checked when they were built).
-        """
-        if not items:
-            return 0
+    def _commit(self, namespace: str, rank: int, items: Sequence[CommitItem]) -> int:
         now = time.time()
         with self._write() as conn:
             self._rank_file(conn, namespace, rank)
@@ -854,13 +739,7 @@ class MetadataStore:
                 prune_changes(conn)
             return max(cursor.rowcount, 0)
 
-    def release(self, namespace: str, rank: int, allocations: Sequence[Allocation]) -> int:
-        """Give back pending allocations (exact (key, page) pairs); returns how many.
-
-        `allocations` are validated models (their keys were checked when they were built).
-        """
-        if not allocations:
-            return 0
+    def _release(self, namespace: str, rank: int, allocations: Sequence[Allocation]) -> int:
         now = time.time()
         released = 0
         with self._write() as conn:
@@ -885,53 +764,16 @@ class MetadataStore:
                 )
         return released
 
-    def invalidate(
-        self,
-        namespace: str,
-        rank: int,
-        items: Sequence[Location | InvalidateItem | tuple[str, int, str]],
-    ) -> int:
-        """Drop keys whose committed page on `rank` a reader found corrupt.
-
-        A key is dropped on every rank, and only while `rank` still holds exactly the
-        reported (page, checksum); pages are freed honouring read leases. Idempotent.
-        Returns how many keys were dropped.
-        """
-        triples = page_triples(items)
-        check_keys([key for key, _, _ in triples])
-        if any(page < 0 for _, page, _ in triples):
-            raise InvalidRequest("pages must be >= 0")
-        if not triples:
-            return 0
+    def _invalidate(self, namespace: str, rank: int, triples: list[tuple[str, int, str]]) -> int:
         with self._write() as conn:
             self._rank_file(conn, namespace, rank)
-            dropped = invalidate_pages(conn, namespace, rank, triples, time.time())
-        if dropped:
-            logger.warning(
-                "dropped %d keys of namespace %s: corrupt pages on rank %d",
-                dropped,
-                namespace,
-                rank,
-            )
-        return dropped
+            return invalidate_pages(conn, namespace, rank, triples, time.time())
 
     # --- admin -------------------------------------------------------------------------
 
-    def evict(self, request: EvictRequest) -> EvictResult:
-        """Evict committed keys (all ranks at once) by the request's criteria."""
-        if not (
-            request.all
-            or request.older_than_s is not None
-            or request.target_usage is not None
-            or request.max_entries is not None
-        ):
-            raise InvalidRequest(
-                "say what to evict: all, older_than_s, target_usage or max_entries"
-            )
-        if request.namespace is not None:
-            check_namespace_id(request.namespace)
+    def _evict(self, request: EvictRequest) -> EvictResult:
         conn = self._conn()
-        marked: list[room.GiveBack] = []
+        marked: list[GiveBack] = []
         with self._unavailable_on_busy(), self._exclusive():
             conn.execute("BEGIN IMMEDIATE")
             try:
@@ -951,8 +793,6 @@ class MetadataStore:
                     conn.execute("ROLLBACK")
                 raise
         self._give_back(marked)
-        if result.keys and not request.dry_run:
-            logger.info("evicted %d keys (%d pages)", result.keys, result.pages)
         return result
 
     def stats(self) -> StoreStats:
@@ -972,16 +812,7 @@ class MetadataStore:
 
     # --- pins and namespace clean-up ---------------------------------------------------
 
-    def pin(self, namespace: str, keys: Sequence[str], ttl_s: float | None = None) -> PinResult:
-        """Keep `keys` out of LRU eviction (for `ttl_s`, or until unpinned).
-
-        Raises:
-            InvalidRequest: the pins would hold more than `storage.max_pinned`.
-            NotFound: the namespace is not registered.
-        """
-        check_keys(keys)
-        if ttl_s is not None and ttl_s <= 0:
-            raise InvalidRequest(f"ttl must be positive, got {ttl_s}")
+    def _pin(self, namespace: str, keys: Sequence[str], ttl_s: float | None) -> PinResult:
         with self._write() as conn:
             self._ranks_of(conn, namespace)
             cap = self._stored_capacity(conn)
@@ -989,37 +820,19 @@ class MetadataStore:
                 conn, namespace, keys, ttl_s, time.time(), self.policy.max_pinned_bytes(cap)
             )
 
-    def unpin(self, namespace: str, keys: Sequence[str] | None = None) -> int:
-        """Drop pins of `keys` (all of the namespace's when None); returns how many."""
-        check_namespace_id(namespace)
-        if keys is not None:
-            check_keys(keys)
+    def _unpin(self, namespace: str, keys: Sequence[str] | None) -> int:
         with self._write() as conn:
             return pins.unpin_keys(conn, namespace, keys)
 
-    def list_pins(self, namespace: str | None = None, limit: int = 1000) -> list[PinInfo]:
-        """Live pins, newest first."""
-        if namespace is not None:
-            check_namespace_id(namespace)
+    def _list_pins(self, namespace: str | None, limit: int) -> list[PinInfo]:
         with self._read() as conn:
             return pins.list_pins(conn, namespace, time.time(), limit)
 
-    def drop_namespaces(
-        self, namespace_ids: Sequence[str], *, dry_run: bool = False
-    ) -> DropNamespacesResult:
-        """Remove namespaces' metadata (entries, rank files, pins, the namespace).
-
-        A namespace whose pages are being written is skipped (its `skipped` says why).
-        The page files are the caller's to remove (`storage.layout.remove_namespace_files`):
-        the server may not have the mount.
-        """
-        for ns in namespace_ids:
-            check_namespace_id(ns)
+    def _drop_namespaces(self, namespace_ids: list[str], dry_run: bool) -> DropNamespacesResult:
         with self._write() as conn:
             now = time.time()
             dropped = [
-                namespaces.drop_namespace(conn, ns, now, dry_run=dry_run)
-                for ns in dict.fromkeys(namespace_ids)
+                namespaces.drop_namespace(conn, ns, now, dry_run=dry_run) for ns in namespace_ids
             ]
             if dry_run:
                 conn.execute("ROLLBACK")
@@ -1029,14 +842,7 @@ class MetadataStore:
                 self._num_ranks.pop(item.id, None)
         return DropNamespacesResult(namespaces=dropped, dry_run=dry_run)
 
-    def list_entries(
-        self, namespace: str | None = None, limit: int = 100, offset: int = 0
-    ) -> list[EntryInfo]:
-        """Entries (one per key and rank), most recently used first."""
-        if namespace is not None:
-            check_namespace_id(namespace)
-        if limit < 0 or offset < 0:
-            raise InvalidRequest("limit and offset must be >= 0")
+    def _list_entries(self, namespace: str | None, limit: int, offset: int) -> list[EntryInfo]:
         where, args = ("WHERE namespace = ?", [namespace]) if namespace else ("", [])
         with self._read() as conn:
             rows = conn.execute(
@@ -1078,10 +884,7 @@ class MetadataStore:
                 problems.extend(template.format(*row) for row in conn.execute(query))
         return problems
 
-    def changes(self, since: int, namespace: str | None = None, limit: int = 10_000) -> ChangeLog:
-        """The change log after `since` (see `committed_index.read_changes`); never waits."""
-        if namespace is not None:
-            check_namespace_id(namespace)
+    def _changes(self, since: int, namespace: str | None, limit: int) -> ChangeLog:
         with self._read() as conn:
             return read_changes(conn, since, namespace, limit)
 
@@ -1092,11 +895,3 @@ class MetadataStore:
         with self._read() as conn:
             rows = [str(r[0]) for r in conn.execute("PRAGMA integrity_check")]
         return [] if rows == ["ok"] else rows
-
-    def namespace_stats(self, namespace: str) -> NamespaceStats:
-        """Usage and traffic of one namespace; `NotFound` if absent."""
-        check_namespace_id(namespace)
-        for stats in self.stats().namespaces:
-            if stats.id == namespace:
-                return stats
-        raise NotFound(f"namespace {namespace} is not registered")

@@ -222,7 +222,9 @@ def test_failed_allocation_leaves_the_evicted_keys_data_on_disk(
     import hf3fsctl.meta.capacity as capacity_module
 
     def disk_full(*args: Any) -> None:
-        raise sqlite3.OperationalError("database or disk is full")
+        error = sqlite3.OperationalError("database or disk is full")
+        error.sqlite_errorcode = sqlite3.SQLITE_FULL  # what SQLite's own error carries
+        raise error
 
     a, b = tier.add("a"), tier.add("b")
     tier.put(a, keys(12, salt="a"))

@@ -25,56 +25,46 @@ from __future__ import annotations
 import json
 import logging
 import threading
-import time
 from collections.abc import Callable, Sequence
 from multiprocessing import util as mp_util
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import redis.exceptions as rex
 from pydantic import TypeAdapter
 
-from hf3fsctl.config import parse_amount
+from hf3fsctl.config.units import parse_amount
 from hf3fsctl.errors import (
     Hf3fsctlError,
-    InvalidRequest,
     MetadataUnavailable,
     NotFound,
     StoreFormatError,
 )
-from hf3fsctl.keys import check_keys, check_namespace_id, namespace_id
-from hf3fsctl.meta.capacity import GiveBack, HolePuncher
+from hf3fsctl.meta.base import Attempt, StoreCore, check_rank_file, pin_limit_error
+from hf3fsctl.meta.giveback import GiveBack
 from hf3fsctl.meta.models import (
-    AllocateResult,
     Allocation,
-    CapacityInfo,
     ChangeLog,
-    CheckedKeys,
     CommitItem,
     DropNamespacesResult,
     DroppedNamespace,
     EntryInfo,
     EvictRequest,
     EvictResult,
-    InvalidateItem,
     Location,
     NamespaceInfo,
-    NamespaceStats,
     PinInfo,
     PinResult,
     RankFile,
     StoreStats,
-    page_triples,
 )
-from hf3fsctl.meta.namespaces import check_rank_file, manifest_ranks
-from hf3fsctl.meta.policy import StorePolicy, resolve_capacity
+from hf3fsctl.meta.policy import StorePolicy
 from hf3fsctl.meta.redis import reports
 from hf3fsctl.meta.redis.connection import call, load_scripts, redis_client
 
 if TYPE_CHECKING:
     from redis.commands.core import Script
 
-    from hf3fsctl.config import MetadataUrl
+    from hf3fsctl.config.urls import MetadataUrl
 
 logger = logging.getLogger(__name__)
 
@@ -86,15 +76,7 @@ STALE_MARK_S = 60.0  # a mark this old belongs to a process that died before pun
 # by the first process that opens an empty store; any other value is refused on open.
 FORMAT = 1
 EVICT_BATCH = 1000  # keys an admin eviction takes per script call (tens of ms of Redis)
-_ALLOCATE_ATTEMPTS = 3
-_SETTLE_WAIT_S = 0.002
 _LOCATIONS = TypeAdapter(list[Location | None])
-_ALLOCATE_RESULT = TypeAdapter(AllocateResult)
-
-
-def _require_keys(keys: Sequence[str]) -> None:
-    if not isinstance(keys, CheckedKeys):
-        check_keys(keys)
 
 
 def _marks(reply: Sequence[Any]) -> list[GiveBack]:
@@ -149,8 +131,9 @@ class _LookupHits:
             logger.warning("Redis store %s: lookup hits not counted: %s", self.where, exc)
 
 
-class RedisMetadataStore:
-    """The metadata store on Redis. Implements every `MetadataClient` call.
+class RedisMetadataStore(StoreCore):
+    """The metadata store on Redis: the `Store` protocol (`meta/protocol.py`), on the
+    store core (`meta/base.py`: validation, the allocate loop), with Lua primitives.
 
     Args:
         target: a parsed `redis://`, `rediss://` or `redis+sentinel://` URL.
@@ -182,23 +165,17 @@ class RedisMetadataStore:
         policy: StorePolicy | None = None,
         prefix: str = PREFIX,
     ) -> None:
-        if not 0 <= low_watermark <= high_watermark <= 1:
-            raise InvalidRequest(
-                f"watermarks must satisfy 0 <= low ({low_watermark}) <= high "
-                f"({high_watermark}) <= 1"
-            )
-        self.url = target.url  # redacted: safe to log and print
-        self.lease_s = float(lease_s)
-        self.high_watermark = float(high_watermark)
-        self.low_watermark = float(low_watermark)
-        self.policy = policy or StorePolicy(storage_root=None, capacity="100%")
-        if self.policy.pending_timeout_s is not None:
-            pending_timeout_s = self.policy.pending_timeout_s
-        self.pending_timeout_s = float(pending_timeout_s)
+        self._init_core(
+            target.url,  # redacted: safe to log and print
+            lease_s=lease_s,
+            high_watermark=high_watermark,
+            low_watermark=low_watermark,
+            pending_timeout_s=pending_timeout_s,
+            policy=policy,
+        )
         self.prefix = prefix
         self._redis = redis_client(target, timeout_s=timeout_s, token=token, ca_file=ca_file)
         self._scripts = load_scripts(self._redis)
-        self._puncher = HolePuncher(self.policy.storage_root)
         self._hits = _LookupHits(self._scripts["count_lookup"], prefix, self.url)
         # A process that only looks up (the connector's scheduler) may exit without
         # `close`: count its last hits then too, as the embedded client flushes its
@@ -275,17 +252,9 @@ class RedisMetadataStore:
             self._warn_if_redis_evicts()
             if self._puncher.available():
                 self._give_back(_marks(self._run("marks", [STALE_MARK_S])))
-            held = self.capacity()
-            if held.capacity_bytes is not None:
-                return
-            root = self.policy.storage_root
-            if root is None or not Path(root).is_dir():
-                logger.debug("Redis store %s has no recorded capacity: unbounded", self.url)
-                return
-            value = resolve_capacity(self.policy.capacity, root, held.bytes_used)
-            key = self._key("info")
-            if self._read(lambda: self._redis.hsetnx(key, "capacity_bytes", value)):
-                logger.info("Redis store %s: capacity %d bytes recorded", self.url, value)
+            recorded, held = self._capacity_held()
+            if recorded is None:
+                self._default_capacity(held)
         except MetadataUnavailable as exc:  # connecting is lazy: a call will say so again
             logger.debug("Redis store %s: not reachable at open: %s", self.url, exc)
 
@@ -319,15 +288,9 @@ class RedisMetadataStore:
 
     # --- namespaces ----------------------------------------------------------------------
 
-    def register_namespace(self, namespace: str, manifest: dict[str, Any]) -> NamespaceInfo:
-        """Create a namespace, or return it if identical; `NamespaceConflict` if not."""
-        check_namespace_id(namespace)
-        expected = namespace_id(manifest)
-        if expected != namespace:
-            raise InvalidRequest(
-                f"namespace id {namespace} does not match its manifest (hash {expected})"
-            )
-        num_ranks = manifest_ranks(manifest)
+    def _register_namespace(
+        self, namespace: str, manifest: dict[str, Any], num_ranks: int
+    ) -> NamespaceInfo:
         text = json.dumps(manifest, sort_keys=True, separators=(",", ":"), default=str)
         page_bytes = manifest.get("page_bytes")
         key_bytes = 0
@@ -343,8 +306,7 @@ class RedisMetadataStore:
             logger.info("registered namespace %s (%d ranks)", namespace, num_ranks)
         return self.get_namespace(namespace)
 
-    def register_rank(self, namespace: str, rank_file: RankFile) -> NamespaceInfo:
-        """Record one rank's page file; `NamespaceConflict` if it differs from before."""
+    def _register_rank(self, namespace: str, rank_file: RankFile) -> NamespaceInfo:
         check_rank_file(self.get_namespace(namespace), rank_file)
         self._run(
             "register_rank",
@@ -361,9 +323,7 @@ class RedisMetadataStore:
         )
         return self.get_namespace(namespace)
 
-    def get_namespace(self, namespace: str) -> NamespaceInfo:
-        """One namespace; `NotFound` if absent."""
-        check_namespace_id(namespace)
+    def _get_namespace(self, namespace: str) -> NamespaceInfo:
         found = self._read(lambda: reports.namespace_infos(self._redis, self.prefix, [namespace]))
         if not found:
             raise NotFound(f"namespace {namespace} is not registered")
@@ -375,17 +335,13 @@ class RedisMetadataStore:
 
     # --- data path -----------------------------------------------------------------------
 
-    def lookup(self, namespace: str, keys: Sequence[str]) -> int:
-        """Number of leading `keys` committed on every rank of the namespace.
-
-        One pipelined round trip: a native `HMGET` of the keys' committed-rank counts (no
+    def _lookup(self, namespace: str, keys: Sequence[str]) -> int:
+        """One pipelined round trip: a native `HMGET` of the keys' committed-rank counts (no
         Lua: passing 1,000 keys through a script costs Redis ~4x more) and the
         `count_lookup` script, which counts the lookup and answers the namespace's ranks
         (`NotFound` if none). A lookup's hits are counted with this process's next lookup,
         or at `flush` / `close` / exit.
         """
-        _require_keys(keys)
-        check_namespace_id(namespace)
         pending = self._hits.take()
         counters = [namespace, len(keys)]
         for ns, hits in pending.items():
@@ -424,10 +380,7 @@ class RedisMetadataStore:
         pipe.evalsha(self._scripts["count_lookup"].sha, 1, self.prefix, *counters)
         return list(pipe.execute())
 
-    def locate(self, namespace: str, rank: int, keys: Sequence[str]) -> list[Location | None]:
-        """Committed locations of `keys` on `rank` (None if absent), with a read lease."""
-        _require_keys(keys)
-        check_namespace_id(namespace)
+    def _locate(self, namespace: str, rank: int, keys: Sequence[str]) -> list[Location | None]:
         if not keys:
             self._run("locate", [namespace, rank, self.lease_s], idempotent=True)
             return []
@@ -446,45 +399,11 @@ class RedisMetadataStore:
             ]
         )
 
-    def allocate(
-        self, namespace: str, rank: int, keys: Sequence[str], first_depth: int = 0
-    ) -> AllocateResult:
-        """Pages for keys not yet stored on `rank`; may evict LRU keys above the watermark.
-
-        Up to three atomic steps: an allocation refused for space that is being given back
-        (this call's marks, or another writer's) asks again once that space is settled.
-        """
-        _require_keys(keys)
-        check_namespace_id(namespace)
-        if first_depth < 0:
-            raise InvalidRequest(f"first_depth must be >= 0, got {first_depth}")
-        depth_of: dict[str, int] = {}
-        for index, key in enumerate(keys):
-            depth_of.setdefault(key, first_depth + index)
-        allocated: list[dict[str, Any]] = []
-        existing: list[str] = []
-        wanted = list(depth_of)
-        no_space: list[str] = []
-        for attempt in range(_ALLOCATE_ATTEMPTS):
-            got, known, no_space, marks = self._allocate_once(namespace, rank, wanted, depth_of)
-            allocated += got
-            existing += known
-            marked = _marks(marks)
-            self._give_back(marked)
-            if not no_space or attempt == _ALLOCATE_ATTEMPTS - 1:
-                break
-            if not marked:
-                if not self._giving_back_elsewhere():
-                    break
-                time.sleep(_SETTLE_WAIT_S)
-            wanted = no_space
-        return _ALLOCATE_RESULT.validate_python(
-            {"allocated": allocated, "existing": existing, "no_space": no_space}
-        )
-
     def _allocate_once(
         self, namespace: str, rank: int, keys: list[str], depth_of: dict[str, int]
-    ) -> tuple[list[dict[str, Any]], list[str], list[str], list[Any]]:
+    ) -> Attempt:
+        """One `allocate.lua` run: reclaim, make room (`evict_for_room` in the script),
+        grant pages."""
         quotas: list[Any] = []
         for name, text in self.policy.quotas.items():
             amount = parse_amount(text, f"quotas.{name}")
@@ -505,81 +424,38 @@ class RedisMetadataStore:
         for key in keys:
             args += [key, depth_of[key]]
         flat, existing, no_space, marks = self._run("allocate", args)
-        allocated = [{"key": flat[i], "page": flat[i + 1]} for i in range(0, len(flat), 2)]
-        return allocated, list(existing), list(no_space), list(marks)
+        allocated = [(flat[i], flat[i + 1]) for i in range(0, len(flat), 2)]
+        return allocated, list(existing), list(no_space), _marks(marks)
 
     def _giving_back_elsewhere(self) -> bool:
         values = self._read(lambda: self._redis.hvals(self._key("giving")))
         return any(int(v) > 0 for v in values)
 
-    def commit(self, namespace: str, rank: int, items: Sequence[CommitItem]) -> int:
-        """Pending → committed for the exact (key, page) pairs; returns how many."""
-        if not items:
-            return 0
-        check_namespace_id(namespace)
+    def _commit(self, namespace: str, rank: int, items: Sequence[CommitItem]) -> int:
         args: list[Any] = [namespace, rank]
         for item in items:
             args += [item.key, item.page, item.checksum, item.size]
         return int(self._run("commit", args))
 
-    def release(self, namespace: str, rank: int, allocations: Sequence[Allocation]) -> int:
-        """Give back pending allocations (exact (key, page) pairs); returns how many."""
-        if not allocations:
-            return 0
-        check_namespace_id(namespace)
+    def _release(self, namespace: str, rank: int, allocations: Sequence[Allocation]) -> int:
         args: list[Any] = [namespace, rank]
         for allocation in allocations:
             args += [allocation.key, allocation.page]
         return int(self._run("release", args))
 
-    def invalidate(
-        self,
-        namespace: str,
-        rank: int,
-        items: Sequence[Location | InvalidateItem | tuple[str, int, str]],
-    ) -> int:
-        """Drop keys whose committed page on `rank` a reader found corrupt (every rank;
-        only while `rank` still holds exactly that page and checksum). Idempotent."""
-        triples = page_triples(items)
-        check_keys([key for key, _, _ in triples])
-        if any(page < 0 for _, page, _ in triples):
-            raise InvalidRequest("pages must be >= 0")
-        if not triples:
-            return 0
-        check_namespace_id(namespace)
+    def _invalidate(self, namespace: str, rank: int, triples: list[tuple[str, int, str]]) -> int:
         args: list[Any] = [namespace, rank]
         for key, page, checksum in triples:
             args += [key, page, checksum]
-        dropped = int(self._run("invalidate", args, idempotent=True))
-        if dropped:
-            logger.warning(
-                "dropped %d keys of namespace %s: corrupt pages on rank %d",
-                dropped,
-                namespace,
-                rank,
-            )
-        return dropped
+        return int(self._run("invalidate", args, idempotent=True))
 
     # --- admin ---------------------------------------------------------------------------
 
-    def evict(self, request: EvictRequest) -> EvictResult:
-        """Evict committed keys (all ranks at once) by the request's criteria.
-
-        In batches of `EVICT_BATCH` keys, each one atomic script (LRU order across the
+    def _evict(self, request: EvictRequest) -> EvictResult:
+        """In batches of `EVICT_BATCH` keys, each one atomic script (LRU order across the
         batches; a key another writer touches meanwhile may move in it), so evicting a
         large store never holds Redis for more than a few milliseconds at a time.
         """
-        if not (
-            request.all
-            or request.older_than_s is not None
-            or request.target_usage is not None
-            or request.max_entries is not None
-        ):
-            raise InvalidRequest(
-                "say what to evict: all, older_than_s, target_usage or max_entries"
-            )
-        if request.namespace is not None:
-            check_namespace_id(request.namespace)
 
         def text(value: object) -> object:
             return "" if value is None else value
@@ -614,8 +490,6 @@ class RedisMetadataStore:
             cutoff = cut
             if done or (not got and walked_no_further(walked, args)):
                 break
-        if keys and not request.dry_run:
-            logger.info("evicted %d keys (%d pages)", keys, pages)
         return EvictResult(
             keys=keys,
             pages=pages,
@@ -638,29 +512,12 @@ class RedisMetadataStore:
             )
         )
 
-    def namespace_stats(self, namespace: str) -> NamespaceStats:
-        """Usage and traffic of one namespace; `NotFound` if absent."""
-        check_namespace_id(namespace)
-        for stats in self.stats().namespaces:
-            if stats.id == namespace:
-                return stats
-        raise NotFound(f"namespace {namespace} is not registered")
-
-    def list_entries(
-        self, namespace: str | None = None, limit: int = 100, offset: int = 0
-    ) -> list[EntryInfo]:
-        """Entries (one per key and rank), most recently used first."""
-        if namespace is not None:
-            check_namespace_id(namespace)
-        if limit < 0 or offset < 0:
-            raise InvalidRequest("limit and offset must be >= 0")
+    def _list_entries(self, namespace: str | None, limit: int, offset: int) -> list[EntryInfo]:
         return self._read(
             lambda: reports.list_entries(self._redis, self.prefix, namespace, limit, offset)
         )
 
-    def capacity(self) -> CapacityInfo:
-        """The recorded capacity and the bytes the page files hold."""
-
+    def _capacity_held(self) -> tuple[int | None, int]:
         def read() -> tuple[Any, list[Any]]:
             pipe = self._redis.pipeline(transaction=True)
             pipe.hget(self._key("info"), "capacity_bytes")
@@ -670,35 +527,19 @@ class RedisMetadataStore:
 
         cap_text, held_values = self._read(read)
         cap = int(cap_text) if cap_text is not None else None
-        held = sum(int(v) for v in held_values)
-        return CapacityInfo(
-            capacity_bytes=cap,
-            bytes_used=held,
-            bytes_free=None if cap is None else max(0, cap - held),
-        )
+        return cap, sum(int(v) for v in held_values)
 
-    def set_capacity(self, capacity_bytes: int) -> CapacityInfo:
-        """Record the store's capacity (every process enforces the recorded value)."""
-        if isinstance(capacity_bytes, bool) or not isinstance(capacity_bytes, int):
-            raise InvalidRequest(f"capacity must be a number of bytes, got {capacity_bytes!r}")
-        if capacity_bytes <= 0:
-            raise InvalidRequest(f"capacity must be positive, got {capacity_bytes}")
+    def _set_capacity(self, capacity_bytes: int) -> None:
         self._read(lambda: self._redis.hset(self._key("info"), "capacity_bytes", capacity_bytes))
-        return self.capacity()
+
+    def _record_capacity_if_none(self, capacity_bytes: int) -> int | None:
+        key = self._key("info")
+        self._read(lambda: self._redis.hsetnx(key, "capacity_bytes", capacity_bytes))
+        return self._capacity_held()[0]
 
     # --- pins and namespace clean-up -------------------------------------------------------
 
-    def pin(self, namespace: str, keys: Sequence[str], ttl_s: float | None = None) -> PinResult:
-        """Keep `keys` out of LRU eviction (for `ttl_s`, or until unpinned).
-
-        Raises:
-            InvalidRequest: the pins would hold more than `storage.max_pinned`.
-            NotFound: the namespace is not registered.
-        """
-        check_keys(keys)
-        check_namespace_id(namespace)
-        if ttl_s is not None and ttl_s <= 0:
-            raise InvalidRequest(f"ttl must be positive, got {ttl_s}")
+    def _pin(self, namespace: str, keys: Sequence[str], ttl_s: float | None) -> PinResult:
         max_pinned = self.policy.max_pinned_bytes(self.capacity().capacity_bytes)
         reply = self._run(
             "pin",
@@ -712,12 +553,7 @@ class RedisMetadataStore:
         )
         if reply[0] == -1:
             _, new, size, total = reply
-            raise InvalidRequest(
-                f"pinning {new} more keys ({size} bytes) would pin {total} bytes,"
-                f" more than storage.max_pinned ({max_pinned} bytes)",
-                hint="unpin something (`hf3fsctl unpin`), pin fewer prompts, or raise "
-                "storage.max_pinned",
-            )
+            raise pin_limit_error(new, size, total, max_pinned)
         pinned, stored, total = reply
         return PinResult(
             pinned=int(pinned),
@@ -726,34 +562,18 @@ class RedisMetadataStore:
             max_pinned_bytes=max_pinned,
         )
 
-    def unpin(self, namespace: str, keys: Sequence[str] | None = None) -> int:
-        """Drop pins of `keys` (all of the namespace's when None); returns how many."""
-        check_namespace_id(namespace)
-        if keys is not None:
-            check_keys(keys)
+    def _unpin(self, namespace: str, keys: Sequence[str] | None) -> int:
         args: list[Any] = [namespace, int(keys is None), *(keys or [])]
         return int(self._run("unpin", args, idempotent=True))
 
-    def list_pins(self, namespace: str | None = None, limit: int = 1000) -> list[PinInfo]:
-        """Live pins, newest first."""
-        if namespace is not None:
-            check_namespace_id(namespace)
+    def _list_pins(self, namespace: str | None, limit: int) -> list[PinInfo]:
         return self._read(lambda: reports.list_pins(self._redis, self.prefix, namespace, limit))
 
-    def drop_namespaces(
-        self, namespace_ids: Sequence[str], *, dry_run: bool = False
-    ) -> DropNamespacesResult:
-        """Remove namespaces' metadata (entries, rank files, pins, the namespace).
-
-        A namespace whose pages are being written is skipped (its `skipped` says why).
-        The page files are the caller's to remove.
-        """
-        for ns in namespace_ids:
-            check_namespace_id(ns)
-        for ns in dict.fromkeys(namespace_ids):  # all or none: an unknown one drops nothing
-            self.get_namespace(ns)
+    def _drop_namespaces(self, namespace_ids: list[str], dry_run: bool) -> DropNamespacesResult:
+        for ns in namespace_ids:  # all or none: an unknown one drops nothing
+            self._get_namespace(ns)
         dropped = []
-        for ns in dict.fromkeys(namespace_ids):
+        for ns in namespace_ids:
             keys, held, paths, writing = self._run("drop_namespace", [ns, int(dry_run)])
             item = DroppedNamespace(
                 id=ns,
@@ -767,10 +587,7 @@ class RedisMetadataStore:
             dropped.append(item)
         return DropNamespacesResult(namespaces=dropped, dry_run=dry_run)
 
-    def changes(self, since: int, namespace: str | None = None, limit: int = 10_000) -> ChangeLog:
-        """The change log after `since` (-1: its end): keys that gained or lost a rank."""
-        if namespace is not None:
-            check_namespace_id(namespace)
+    def _changes(self, since: int, namespace: str | None, limit: int) -> ChangeLog:
         return self._read(
             lambda: reports.read_changes(self._redis, self.prefix, since, namespace, limit)
         )
