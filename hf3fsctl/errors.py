@@ -104,6 +104,14 @@ class StoreFormatError(MetadataUnavailable):
         self.supported = supported  # the format this code reads and writes
 
 
+class AddressInUse(Hf3fsctlError):
+    """`serve` cannot listen on its address: the port is taken, or the address is not
+    one of this machine's."""
+
+    exit_code = 9
+    hint = "stop what holds the port (`ss -ltnp | grep :PORT`) or pass another --port"
+
+
 class OpsBuildError(Hf3fsctlError):
     """The staging ops could not be built: a tool is missing, or a compiler failed.
 

@@ -18,6 +18,7 @@ Exit codes (also in `hf3fsctl --help`):
 | 6 | metadata service unavailable (`MetadataUnavailable`) |
 | 7 | authentication refused (`AuthError`) |
 | 8 | the staging ops could not be built (`OpsBuildError`: a tool missing, a compile failed) |
+| 9 | `serve` cannot listen: the port is in use, or the address is not this machine's (`AddressInUse`) |
 | 130 | interrupted (Ctrl-C) |
 """
 
@@ -44,7 +45,7 @@ EXIT_CODES_HELP = (
     "Exit codes: 0 ok · 1 a check failed or unexpected error · 2 usage, config or "
     "invalid request · 3 not found · 4 namespace conflict · 5 storage error · "
     "6 metadata service unavailable · 7 authentication refused · 8 build-ops failed · "
-    "130 interrupted. "
+    "9 serve cannot listen (port in use) · 130 interrupted. "
     "Set HF3FSCTL_DEBUG=1 for tracebacks."
 )
 

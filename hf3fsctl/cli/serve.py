@@ -7,6 +7,9 @@ SQLite: the file of `metadata.url` when that is a `sqlite:///` URL, else
 the normal client-side config, so it can be shared).
 Flags default to the config's `server.*` keys.
 
+A bad `--log-level` is refused before anything starts, and an address that cannot be
+listened on (a port in use) is `AddressInUse` (exit 9), not uvicorn's status 3.
+
 Secure by default (docs/design.md decision 11): it binds loopback unless told otherwise, and it
 refuses a non-loopback address without a token file unless `--insecure` is given.
 """
@@ -21,7 +24,10 @@ import typer
 
 from hf3fsctl.cli import context, output
 from hf3fsctl.cli.options import ConfigOpt
-from hf3fsctl.errors import ConfigError, InvalidRequest
+from hf3fsctl.errors import AddressInUse, ConfigError, InvalidRequest
+
+LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")  # uvicorn's
+STARTUP_FAILURE = 3  # uvicorn's exit status when the server could not start
 
 
 def is_loopback(host: str) -> bool:
@@ -60,6 +66,48 @@ def read_token(path: str) -> str:
     return token
 
 
+def check_log_level(value: str) -> str:
+    """A uvicorn log level, lower-cased.
+
+    Raises:
+        InvalidRequest: not one of `LOG_LEVELS`, which the message lists.
+    """
+    level = value.strip().lower()
+    if level not in LOG_LEVELS:
+        raise InvalidRequest(
+            f"--log-level {value!r} is not a log level; use one of {', '.join(LOG_LEVELS)}"
+        )
+    return level
+
+
+def check_listen(host: str, port: int) -> None:
+    """Bind `host:port` as uvicorn will (SO_REUSEADDR), then let it go.
+
+    Raises:
+        AddressInUse: the port is taken, or the address is not this machine's, instead
+            of uvicorn's exit status 3.
+    """
+    import errno
+    import socket
+
+    try:
+        infos = socket.getaddrinfo(host.strip("[]"), port, type=socket.SOCK_STREAM)
+    except socket.gaierror as exc:
+        raise InvalidRequest(f"--host {host!r} does not resolve: {exc.strerror}") from None
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(address)
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                raise AddressInUse(f"port {port} on {host} is already in use") from None
+            raise AddressInUse(
+                f"cannot listen on {host}:{port}: {exc.strerror}",
+                hint="pass --host with an address of this machine (0.0.0.0 for all)",
+            ) from None
+
+
 def serve(
     ctx: typer.Context,
     config: ConfigOpt = None,
@@ -82,7 +130,12 @@ def serve(
         typer.Option("--insecure", help="Allow a non-loopback address without a token."),
     ] = False,
     log_level: Annotated[
-        str, typer.Option("--log-level", help="uvicorn log level (info, warning, …).")
+        str,
+        typer.Option(
+            "--log-level",
+            metavar="LEVEL",
+            help=f"uvicorn log level: {', '.join(LOG_LEVELS)}.",
+        ),
     ] = "info",
     workers: Annotated[
         int | None,
@@ -99,6 +152,7 @@ def serve(
     ] = None,
 ) -> None:
     """Run the metadata service that vLLM instances on many nodes share."""
+    log_level = check_log_level(log_level)
     cfg = context.load(
         ctx,
         config,
@@ -131,6 +185,7 @@ def serve(
             f"serving on {server.host} WITHOUT authentication (--insecure): anyone who can "
             "reach this port can read, evict and overwrite cache metadata"
         )
+    check_listen(server.host, server.port)
     from hf3fsctl.meta.client import metadata_token
     from hf3fsctl.meta.policy import StorePolicy
     from hf3fsctl.meta.server import run_server
@@ -161,19 +216,29 @@ def serve(
             "stays with each namespace's page files, so eviction for a full store only "
             "takes the allocating model's own entries (run serve on a node with the mount)"
         )
-    run_server(
-        store,
-        server.host,
-        server.port,
-        token=token,
-        max_body_bytes=server.max_body_bytes,
-        max_batch=server.max_batch,
-        lease_s=md.lease_s,
-        high_watermark=md.high_watermark,
-        low_watermark=md.low_watermark,
-        log_level=log_level,
-        workers=server.workers,
-        policy=policy,
-        log_format=server.log_format,
-        store_options=store_options,
-    )
+    try:
+        run_server(
+            store,
+            server.host,
+            server.port,
+            token=token,
+            max_body_bytes=server.max_body_bytes,
+            max_batch=server.max_batch,
+            lease_s=md.lease_s,
+            high_watermark=md.high_watermark,
+            low_watermark=md.low_watermark,
+            log_level=log_level,
+            workers=server.workers,
+            policy=policy,
+            log_format=server.log_format,
+            store_options=store_options,
+        )
+    except SystemExit as exc:
+        if exc.code != STARTUP_FAILURE:
+            raise
+        # the port was free a moment ago: taken since, or the app failed to start
+        raise AddressInUse(
+            f"the metadata service did not start on {server.host}:{server.port} "
+            "(uvicorn's error is above)",
+            hint="free the port or pass another --port; HF3FSCTL_DEBUG=1 for details",
+        ) from None
