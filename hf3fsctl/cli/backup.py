@@ -6,7 +6,7 @@ file (SQLite's WAL can only be shared by processes of one host), so an http URL 
 refused with that command; a Redis store is backed up by Redis itself (`redis-cli --rdb`).
 `store_file` is that choice, shared with `hf3fsctl migrate`.
 The copy is consistent as of the moment the command starts and never stops writers
-(`hf3fsctl.meta.backup`); check it with `HF3FSCTL_METADATA_URL=sqlite:///OUT hf3fsctl
+(`hf3fsctl.meta.sqlite.backup`); check it with `HF3FSCTL_METADATA_URL=sqlite:///OUT hf3fsctl
 doctor`.
 """
 
@@ -75,7 +75,7 @@ def backup(
 ) -> None:
     """Copy the metadata store to OUT while it keeps serving (SQLite online backup)."""
     from hf3fsctl.config import format_size
-    from hf3fsctl.meta.backup import backup_database
+    from hf3fsctl.meta.sqlite.backup import backup_database
 
     cfg = context.load(ctx, config)
     source = store_file(cfg, db, "backup OUT")

@@ -312,7 +312,7 @@ def check_invariants(report: Report, cfg: Config, client: MetadataClient | None 
             "hf3fsctl doctor",
         )
         return
-    from hf3fsctl.meta.store import MetadataStore
+    from hf3fsctl.meta.sqlite.store import MetadataStore
 
     store = MetadataStore(db, read_only=True)
     try:

@@ -5,7 +5,7 @@ one), so a store of an older format is refused everywhere with this command as t
 It shows the steps (from → to, what changes, the tables touched), takes a backup beside
 the database first (`--no-backup` skips it, `--backup-to` names it), then runs the steps
 in one transaction under the store's writer lock and verifies every invariant before
-committing (`hf3fsctl.meta.migration`). `--dry-run` only shows the steps.
+committing (`hf3fsctl.meta.sqlite.migration`). `--dry-run` only shows the steps.
 
 Stop the older hf3fsctl processes first: they would keep writing the old format into
 the migrated store. Connectors of this version wait, disabled, and pick the store up by
@@ -27,7 +27,7 @@ from hf3fsctl.cli.options import ConfigOpt, DryRunOpt, JsonOpt, YesOpt
 from hf3fsctl.errors import InvalidRequest
 
 if TYPE_CHECKING:
-    from hf3fsctl.meta.migration import MigrationPlan
+    from hf3fsctl.meta.sqlite.migration import MigrationPlan
 
 
 def migrate(
@@ -50,8 +50,8 @@ def migrate(
     json: JsonOpt = False,
 ) -> None:
     """Migrate the metadata store to this hf3fsctl's format (a backup is taken first)."""
-    from hf3fsctl.meta import migration
-    from hf3fsctl.meta.backup import backup_database
+    from hf3fsctl.meta.sqlite import migration
+    from hf3fsctl.meta.sqlite.backup import backup_database
 
     cfg = context.load(ctx, config)
     path = store_file(cfg, db, "migrate")

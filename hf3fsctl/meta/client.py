@@ -83,7 +83,7 @@ def open_metadata_client(
             low_watermark=low_watermark,
             policy=policy,
         )
-    from hf3fsctl.meta.http import HttpMetadataClient
+    from hf3fsctl.meta.http.client import HttpMetadataClient
 
     assert target.base is not None
     return HttpMetadataClient(target.base, timeout_s=timeout_s, token=token, ca_file=ca_file)
@@ -151,7 +151,7 @@ def open_store(
         from hf3fsctl.errors import ConfigError
 
         raise ConfigError(f"a server's store is sqlite:///PATH or redis://…, not {target.url!r}")
-    from hf3fsctl.meta.store import MetadataStore
+    from hf3fsctl.meta.sqlite.store import MetadataStore
 
     return MetadataStore(
         target.path,

@@ -40,7 +40,7 @@ from hf3fsctl.meta.models import (
     StoreStats,
 )
 from hf3fsctl.meta.policy import StorePolicy
-from hf3fsctl.meta.store import MetadataStore
+from hf3fsctl.meta.sqlite.store import MetadataStore
 
 logger = logging.getLogger(__name__)
 

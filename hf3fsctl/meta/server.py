@@ -952,7 +952,7 @@ def app_from_environment() -> FastAPI:
 def _close_store(store: Any) -> None:
     """Close a server's store at shutdown: counters flushed, and for SQLite the WAL
     checkpointed into the database and truncated (the file alone is then complete)."""
-    from hf3fsctl.meta.store import MetadataStore
+    from hf3fsctl.meta.sqlite.store import MetadataStore
 
     if isinstance(store, MetadataStore):
         store.close(truncate_wal=True)

@@ -129,7 +129,7 @@ class Backend:
     def _serve(self, config: Config) -> Config:
         """Start the service over a fresh SQLite store with `config`'s store settings."""
         from hf3fsctl.meta.policy import StorePolicy
-        from hf3fsctl.meta.store import MetadataStore
+        from hf3fsctl.meta.sqlite.store import MetadataStore
 
         md = config.metadata
         self.server_store = MetadataStore(

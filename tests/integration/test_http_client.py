@@ -11,7 +11,7 @@ from helpers.servers import TOKEN, ServerProcess, start_server
 
 from hf3fsctl.errors import AuthError, InvalidRequest, NamespaceConflict, NotFound
 from hf3fsctl.keys import namespace_id
-from hf3fsctl.meta.http import HttpMetadataClient
+from hf3fsctl.meta.http.client import HttpMetadataClient
 from hf3fsctl.meta.models import EvictRequest
 
 pytestmark = pytest.mark.integration

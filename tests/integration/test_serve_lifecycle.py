@@ -33,9 +33,9 @@ import pytest
 from helpers.meta_builders import PAGE_BYTES, checksum, keys, register
 from helpers.servers import TOKEN, ServerProcess, free_port, start_server, write_config
 
-from hf3fsctl.meta.http import HttpMetadataClient
-from hf3fsctl.meta.store import MetadataStore
-from hf3fsctl.meta.writer_lock import WriterLock
+from hf3fsctl.meta.http.client import HttpMetadataClient
+from hf3fsctl.meta.sqlite.store import MetadataStore
+from hf3fsctl.meta.sqlite.writer_lock import WriterLock
 
 pytestmark = pytest.mark.integration
 

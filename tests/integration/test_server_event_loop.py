@@ -17,7 +17,7 @@ from helpers.meta_builders import checksum, keys, manifest, rank_file
 from helpers.servers import TOKEN, ServerProcess
 
 from hf3fsctl.keys import namespace_id
-from hf3fsctl.meta.http import HttpMetadataClient
+from hf3fsctl.meta.http.client import HttpMetadataClient
 from hf3fsctl.meta.models import AllocateResult, CommitItem
 
 pytestmark = pytest.mark.integration

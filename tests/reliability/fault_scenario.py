@@ -124,7 +124,7 @@ class Store:
 
 def invariants(db_path: Path | None) -> list[str]:
     """`MetadataStore.check_invariants()` of a SQLite store (opened and closed here)."""
-    from hf3fsctl.meta.store import MetadataStore
+    from hf3fsctl.meta.sqlite.store import MetadataStore
 
     assert db_path is not None
     store = MetadataStore(db_path)

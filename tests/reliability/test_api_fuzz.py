@@ -43,7 +43,7 @@ from schemathesis.core.failures import FailureGroup
 
 from hf3fsctl.keys import namespace_id
 from hf3fsctl.meta.server import create_app
-from hf3fsctl.meta.store import MetadataStore
+from hf3fsctl.meta.sqlite.store import MetadataStore
 
 TOKEN = "fuzz-token-0123456789abcdef"
 MAX_BATCH = 50

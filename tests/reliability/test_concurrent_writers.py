@@ -29,7 +29,7 @@ from helpers.meta_builders import register
 from helpers.meta_workload import run_worker
 from helpers.servers import TOKEN, start_server
 
-from hf3fsctl.meta.store import MetadataStore
+from hf3fsctl.meta.sqlite.store import MetadataStore
 from hf3fsctl.vllm_tools.runner import EngineResult
 
 ENGINES = 2

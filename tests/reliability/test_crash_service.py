@@ -33,7 +33,7 @@ from helpers.servers import TOKEN, ServerProcess, start_server
 from metadata_storm import logged, storm
 
 import hf3fsctl
-from hf3fsctl.meta.http import HttpMetadataClient
+from hf3fsctl.meta.http.client import HttpMetadataClient
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

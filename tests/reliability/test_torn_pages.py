@@ -48,7 +48,7 @@ from helpers.meta_builders import PAGE_BYTES, keys, register_growable
 
 from hf3fsctl.meta.models import EvictRequest, Location
 from hf3fsctl.meta.policy import StorePolicy
-from hf3fsctl.meta.store import MetadataStore
+from hf3fsctl.meta.sqlite.store import MetadataStore
 from hf3fsctl.storage.layout import PageFile
 from hf3fsctl.storage.posix import PosixEngine
 from hf3fsctl.tier import CHECKSUM, LOADED, NOT_FOUND, SAVED, StagingRows, Tier

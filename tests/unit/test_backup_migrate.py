@@ -25,10 +25,10 @@ from typer.testing import CliRunner
 
 from hf3fsctl.cli.main import app
 from hf3fsctl.errors import InvalidRequest, StoreFormatError
-from hf3fsctl.meta import schema
-from hf3fsctl.meta.backup import backup_database
-from hf3fsctl.meta.migration import migrate, plan
-from hf3fsctl.meta.store import MetadataStore
+from hf3fsctl.meta.sqlite import schema
+from hf3fsctl.meta.sqlite.backup import backup_database
+from hf3fsctl.meta.sqlite.migration import migrate, plan
+from hf3fsctl.meta.sqlite.store import MetadataStore
 
 
 def files_digest(db: Path) -> str:
@@ -168,7 +168,7 @@ import sys, time
 from pathlib import Path
 sys.path.insert(0, sys.argv[3])
 from helpers.meta_builders import keys, store_keys
-from hf3fsctl.meta.store import MetadataStore
+from hf3fsctl.meta.sqlite.store import MetadataStore
 
 store = MetadataStore(sys.argv[1])
 acked = open(sys.argv[2], "a", buffering=1)

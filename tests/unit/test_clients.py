@@ -18,8 +18,8 @@ from hf3fsctl.config import load_config
 from hf3fsctl.errors import ConfigError, MetadataUnavailable
 from hf3fsctl.meta.client import MetadataClient, connect, open_metadata_client
 from hf3fsctl.meta.embedded import EmbeddedMetadataClient
-from hf3fsctl.meta.http import HttpMetadataClient
-from hf3fsctl.meta.store import MetadataStore
+from hf3fsctl.meta.http.client import HttpMetadataClient
+from hf3fsctl.meta.sqlite.store import MetadataStore
 
 
 @pytest.mark.parametrize(

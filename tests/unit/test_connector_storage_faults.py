@@ -30,7 +30,7 @@ from hf3fsctl_connector.worker import WorkerSide
 
 from hf3fsctl.errors import StorageError
 from hf3fsctl.health import read_status
-from hf3fsctl.meta.store import MetadataStore
+from hf3fsctl.meta.sqlite.store import MetadataStore
 
 
 @pytest.fixture

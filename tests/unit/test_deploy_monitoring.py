@@ -244,7 +244,7 @@ def test_dashboard_is_importable_with_a_datasource_variable() -> None:
 
 def scrape_real_server(directory: Path) -> str:
     """`hf3fsctl init`, `hf3fsctl serve`, some traffic, then /metrics (with the token)."""
-    from hf3fsctl.meta.http import HttpMetadataClient
+    from hf3fsctl.meta.http.client import HttpMetadataClient
 
     storage, config = directory / "storage", directory / "hf3fs.yaml"
     init = ["init", "--storage-path", str(storage), "--create-path", "--write-config", str(config)]

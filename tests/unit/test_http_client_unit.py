@@ -31,7 +31,7 @@ from hf3fsctl.errors import (
     NamespaceConflict,
     NotFound,
 )
-from hf3fsctl.meta.http import HttpMetadataClient
+from hf3fsctl.meta.http.client import HttpMetadataClient
 from hf3fsctl.meta.models import EvictRequest
 
 NS = "0123456789abcdef"

@@ -273,7 +273,7 @@ def test_every_core_module_imports_without_vllm_or_the_cli() -> None:
     failed = json.loads(done.stdout)
     assert sorted(failed) == [CONTROL], failed
     assert failed[CONTROL].startswith("ImportError: blocked: hf3fsctl.cli")
-    assert {"hf3fsctl.staging", "hf3fsctl.ops.build", "hf3fsctl.meta.store"} <= set(names)
+    assert {"hf3fsctl.staging", "hf3fsctl.ops.build", "hf3fsctl.meta.sqlite.store"} <= set(names)
 
 
 def test_the_core_reaches_none_of_vllm_tools_the_cli_or_the_connector() -> None:

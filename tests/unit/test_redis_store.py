@@ -604,7 +604,7 @@ def test_admin_eviction_in_small_batches_evicts_what_sqlite_evicts(
 ) -> None:
     """The SQLite store (one transaction) is the oracle for the batched Redis eviction."""
     import hf3fsctl.meta.redis.store as redis_store
-    from hf3fsctl.meta.store import MetadataStore
+    from hf3fsctl.meta.sqlite.store import MetadataStore
 
     monkeypatch.setattr(redis_store, "EVICT_BATCH", 4)
     sqlite = MetadataStore(tmp_path / "oracle.db")

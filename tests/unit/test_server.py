@@ -12,7 +12,7 @@ from helpers.meta_builders import checksum, keys, manifest, rank_file
 
 from hf3fsctl.keys import namespace_id
 from hf3fsctl.meta.server import create_app
-from hf3fsctl.meta.store import MetadataStore
+from hf3fsctl.meta.sqlite.store import MetadataStore
 
 TOKEN = "s3cret"
 AUTH = {"authorization": f"Bearer {TOKEN}"}

@@ -26,7 +26,7 @@ from helpers.meta_builders import PAGE_BYTES, keys, register_growable
 
 from hf3fsctl.errors import StorageError
 from hf3fsctl.meta.policy import StorePolicy
-from hf3fsctl.meta.store import MetadataStore
+from hf3fsctl.meta.sqlite.store import MetadataStore
 from hf3fsctl.staging import StagingPool
 from hf3fsctl.storage.engine import engine_host_memory
 from hf3fsctl.storage.factory import describe_engine_choice, open_engine

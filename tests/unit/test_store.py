@@ -9,7 +9,7 @@ from pathlib import Path
 
 from helpers.meta_builders import keys, register
 
-from hf3fsctl.meta.store import MetadataStore
+from hf3fsctl.meta.sqlite.store import MetadataStore
 
 
 def test_allocate_reclaims_pending_of_dead_writer(tmp_path: Path) -> None:

@@ -39,10 +39,10 @@ from helpers.old_stores import SCHEMA_1_PAGES, schema_1_store
 
 from hf3fsctl.errors import MetadataUnavailable
 from hf3fsctl.keys import namespace_id
-from hf3fsctl.meta.migration import migrate
 from hf3fsctl.meta.models import CommitItem
 from hf3fsctl.meta.policy import StorePolicy
-from hf3fsctl.meta.store import MetadataStore
+from hf3fsctl.meta.sqlite.migration import migrate
+from hf3fsctl.meta.sqlite.store import MetadataStore
 from hf3fsctl.storage.extents import disk_bytes
 
 SLOT = PAGE_BYTES  # the slot of a 4 KiB page
@@ -219,7 +219,7 @@ def test_held_and_disk_bytes_never_exceed_capacity_through_random_traffic(
 def test_failed_allocation_leaves_the_evicted_keys_data_on_disk(
     tier: Tier, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import hf3fsctl.meta.capacity as capacity_module
+    import hf3fsctl.meta.sqlite.capacity as capacity_module
 
     def disk_full(*args: Any) -> None:
         error = sqlite3.OperationalError("database or disk is full")

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from helpers.meta_builders import keys, register, store_keys
 
-from hf3fsctl.meta.store import MetadataStore
+from hf3fsctl.meta.sqlite.store import MetadataStore
 
 
 def test_background_checkpointer_copies_the_wal_into_the_database(tmp_path: Path) -> None:

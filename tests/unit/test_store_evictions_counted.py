@@ -8,7 +8,7 @@ from pathlib import Path
 from helpers.meta_builders import keys, register, store_keys
 
 from hf3fsctl.meta.models import EvictRequest
-from hf3fsctl.meta.store import MetadataStore
+from hf3fsctl.meta.sqlite.store import MetadataStore
 
 
 def test_evictions_are_exported_to_prometheus(tmp_path: Path) -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from helpers.meta_builders import keys, register, store_keys
 
-from hf3fsctl.meta.store import MetadataStore
+from hf3fsctl.meta.sqlite.store import MetadataStore
 
 CORRUPTIONS = {
     "page-free-and-owned": (

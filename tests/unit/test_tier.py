@@ -23,7 +23,7 @@ from helpers.meta_builders import PAGE_BYTES, keys, register_growable
 from hf3fsctl.errors import MetadataUnavailable, StorageError
 from hf3fsctl.meta.models import CommitItem, Location
 from hf3fsctl.meta.policy import StorePolicy
-from hf3fsctl.meta.store import MetadataStore
+from hf3fsctl.meta.sqlite.store import MetadataStore
 from hf3fsctl.staging import KVSegment, StagingPool, page_pieces
 from hf3fsctl.storage.engine import ERROR_IO, PageResult
 from hf3fsctl.storage.layout import PageFile

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from helpers.meta_builders import keys, register, store_keys
 
-from hf3fsctl.meta.store import MetadataStore
+from hf3fsctl.meta.sqlite.store import MetadataStore
 
 CHAINS = 1500  # 64-key allocate + commit each: ~600 MB of WAL frames if never restarted
 LIMIT = 32 << 20  # the store's limit on a file system of 4 GiB or more

@@ -16,8 +16,8 @@ import pytest
 from helpers.meta_builders import keys, register
 
 from hf3fsctl.errors import MetadataUnavailable
-from hf3fsctl.meta.store import MetadataStore
-from hf3fsctl.meta.writer_lock import WriterLock
+from hf3fsctl.meta.sqlite.store import MetadataStore
+from hf3fsctl.meta.sqlite.writer_lock import WriterLock
 
 HOLDER = """
 import fcntl, sys, time

@@ -73,7 +73,7 @@ from hf3fsctl.errors import (
     NamespaceConflict,
     NotFound,
 )
-from hf3fsctl.meta.http_transport import DeadlineHTTPConnection, DeadlineTransport, tls_context
+from hf3fsctl.meta.http.transport import DeadlineHTTPConnection, DeadlineTransport, tls_context
 from hf3fsctl.meta.models import (
     AllocateResult,
     Allocation,

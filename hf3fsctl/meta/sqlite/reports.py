@@ -10,9 +10,9 @@ from __future__ import annotations
 import json
 import sqlite3
 
-from hf3fsctl.meta.capacity import quota_scopes
 from hf3fsctl.meta.models import NamespaceStats, StoreStats
-from hf3fsctl.meta.pins import key_bytes, pinned_counts
+from hf3fsctl.meta.sqlite.capacity import quota_scopes
+from hf3fsctl.meta.sqlite.pins import key_bytes, pinned_counts
 
 
 def store_stats(

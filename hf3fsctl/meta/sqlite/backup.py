@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hf3fsctl.errors import InvalidRequest, MetadataUnavailable, NotFound
-from hf3fsctl.meta import schema
+from hf3fsctl.meta.sqlite import schema
 
 PAGES_PER_STEP = 4096  # 16 MiB of 4 KiB pages between progress reports
 Progress = Callable[[int, int], None]  # (pages copied, pages in all)

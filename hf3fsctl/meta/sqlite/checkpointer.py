@@ -31,7 +31,7 @@ import threading
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from hf3fsctl.meta.writer_lock import WriterLock
+    from hf3fsctl.meta.sqlite.writer_lock import WriterLock
 
 logger = logging.getLogger(__name__)
 

@@ -49,18 +49,7 @@ from pydantic import TypeAdapter
 
 from hf3fsctl.errors import MetadataUnavailable, NotFound, StorageError
 from hf3fsctl.keys import check_namespace_id
-from hf3fsctl.meta import capacity as room
-from hf3fsctl.meta import migration, namespaces, pins, schema
-from hf3fsctl.meta.backup import BackupResult, Progress, backup_database
 from hf3fsctl.meta.base import Attempt, StoreCore
-from hf3fsctl.meta.checkpointer import WalCheckpointer
-from hf3fsctl.meta.committed_index import CommittedIndex, prune_changes, read_changes
-from hf3fsctl.meta.eviction import (
-    evict_entries,
-    evict_for_allocation,
-    invalidate_pages,
-    reclaim_expired,
-)
 from hf3fsctl.meta.giveback import GiveBack
 from hf3fsctl.meta.models import (
     Allocation,
@@ -78,7 +67,18 @@ from hf3fsctl.meta.models import (
     StoreStats,
 )
 from hf3fsctl.meta.policy import StorePolicy
-from hf3fsctl.meta.writer_lock import WriterLock
+from hf3fsctl.meta.sqlite import capacity as room
+from hf3fsctl.meta.sqlite import migration, namespaces, pins, schema
+from hf3fsctl.meta.sqlite.backup import BackupResult, Progress, backup_database
+from hf3fsctl.meta.sqlite.checkpointer import WalCheckpointer
+from hf3fsctl.meta.sqlite.committed_index import CommittedIndex, prune_changes, read_changes
+from hf3fsctl.meta.sqlite.eviction import (
+    evict_entries,
+    evict_for_allocation,
+    invalidate_pages,
+    reclaim_expired,
+)
+from hf3fsctl.meta.sqlite.writer_lock import WriterLock
 
 logger = logging.getLogger(__name__)
 
@@ -798,7 +798,7 @@ class MetadataStore(StoreCore):
     def stats(self) -> StoreStats:
         """Usage and traffic of every namespace and of the whole store."""
         self.flush()
-        from hf3fsctl.meta.reports import store_stats
+        from hf3fsctl.meta.sqlite.reports import store_stats
 
         with self._read() as conn:
             cap = self._stored_capacity(conn)

@@ -43,8 +43,8 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from hf3fsctl.meta.eviction import evict_lru, free_pages_of_rows
 from hf3fsctl.meta.giveback import GiveBack
+from hf3fsctl.meta.sqlite.eviction import evict_lru, free_pages_of_rows
 
 PUNCHED = 1  # free_pages.punched: its disk space went back to the file system
 GIVING_BACK = 2  # marked inside a transaction; punched once that transaction committed

@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hf3fsctl.errors import InvalidRequest, MetadataUnavailable, NotFound, StoreFormatError
-from hf3fsctl.meta import schema
-from hf3fsctl.meta.writer_lock import WriterLock
+from hf3fsctl.meta.sqlite import schema
+from hf3fsctl.meta.sqlite.writer_lock import WriterLock
 
 
 def format_error(path: str, version: int) -> StoreFormatError:
