@@ -1,6 +1,6 @@
 """Time to first token of one long prompt on real vLLM: a thin caller of `hf3fsctl bench e2e`.
 
-The measurement lives in `hf3fsctl/bench/e2e.py`; this script keeps the old
+The measurement lives in `hf3fsctl/bench/e2e/`; this script keeps the old
 single-prompt shape and flags. Per repeat, a new random prompt of `--prompt-tokens`
 tokens (model `SIZES["bench"]`, built under `.bench/`), each configuration a fresh
 engine process: `none` (no connector) and `floor` (the same prompt again in that

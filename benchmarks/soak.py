@@ -35,6 +35,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from hf3fsctl.bench.loopback import free_port
 from hf3fsctl.bench.metadata import (
     PAGE_BYTES,
     StoreSpec,
@@ -44,7 +45,6 @@ from hf3fsctl.bench.metadata import (
     measure,
     rss_bytes,
 )
-from hf3fsctl.bench.metadata_peers import free_port
 from hf3fsctl.keys import NamespaceManifest
 from hf3fsctl.storage.layout import slot_bytes
 

@@ -34,7 +34,7 @@ from hf3fsctl.storage.layout import PageFile, slot_bytes
 from hf3fsctl.storage.posix import MAX_TASK_BYTES, PosixEngine
 
 if TYPE_CHECKING:
-    from rich.console import RenderableType
+    pass
 
 NS = "0000000000be4c00"
 KiB = 1 << 10
@@ -394,106 +394,3 @@ def _line(row: dict[str, Any]) -> str:
         for title, key in FIGURES
     )
     return f"{head} {figures}"
-
-
-# --- people ---------------------------------------------------------------------------
-
-
-def render(document: dict[str, Any]) -> RenderableType:
-    """The plain ceiling, then every (page, batch, threads) row as GB/s (ratio)."""
-    from rich.console import Group
-
-    from hf3fsctl.cli import output
-
-    machine = document["machine"]
-    where = f"{machine['fstype']} at {machine['mount'] or '?'}"
-    plain = output.table(
-        ["page", "write", "warm read", "cold read"],
-        [
-            [report.size_label(r["page_bytes"]), *(f"{r[k]:.2f}" for k in CEILING_FIGURES)]
-            for r in document["ceiling"]["rows"]
-        ],
-        title=f"ceiling: plain dd-style loop on {where} (1 thread, bs = page size), GB/s",
-        right=("page", "write", "warm read", "cold read"),
-    )
-    columns = ["page", "batch", "threads", *(title for title, _ in FIGURES)]
-    rows = [
-        [
-            report.size_label(r["page_bytes"]) + (" D" if r["o_direct"] else ""),
-            r["batch"],
-            r["threads"],
-            *(f"{r[k]:.2f} ({r[k.replace('_gbs', '_ratio')]:.2f})" for _, k in FIGURES),
-        ]
-        for r in document["results"]
-    ]
-    table = output.table(
-        columns,
-        rows,
-        title=f"page I/O on {where}, GB/s (ratio to the plain ceiling of this run); "
-        f"{document['settings']['statistic']}, {document['machine']['cpus']} cores",
-        right=columns,
-    )
-    return Group(plain, table)
-
-
-def plot(document: dict[str, Any], path: Path) -> None:
-    """GB/s against page size, one panel per direction, the plain ceiling as a dashed line."""
-    fig = report.figure(15, 4.8)
-    axes = fig.subplots(1, 3, sharex=True)
-    ceiling = document["ceiling"]["rows"]
-    results = document["results"]
-    sizes = [r["page_bytes"] for r in ceiling]
-    configs = sorted({(r["batch"], r["threads"], r["o_direct"]) for r in results})
-    panels = (
-        ("write (xxh3 checksums)", "write_gbs"),
-        ("warm read (verified)", "warm_read_gbs"),
-        ("cold read (verified)", "cold_read_gbs"),
-    )
-    for ax, (title, key) in zip(axes, panels, strict=True):
-        ax.plot(
-            sizes,
-            [r[key] for r in ceiling],
-            color="black",
-            linestyle="--",
-            linewidth=2.2,
-            marker="s",
-            label="plain loop (ceiling)",
-        )
-        for batch, threads, direct in configs:
-            points = [
-                (r["page_bytes"], r[key])
-                for r in results
-                if (r["batch"], r["threads"], r["o_direct"]) == (batch, threads, direct)
-            ]
-            xs, ys = zip(*sorted(points), strict=True)
-            ax.plot(
-                xs,
-                ys,
-                marker="o",
-                linewidth=1.3,
-                linestyle=":" if direct else "-",
-                label=f"batch {batch} × {threads} threads" + (" O_DIRECT" if direct else ""),
-            )
-        best = max(results, key=lambda r: r[key.replace("_gbs", "_ratio")])
-        ratio = best[key.replace("_gbs", "_ratio")]
-        ax.set_title(
-            f"{title}\nbest {ratio:.2f}× plain (batch {best['batch']}, "
-            f"{best['threads']} threads, {report.size_label(best['page_bytes'])})",
-            fontsize=10,
-        )
-        ax.set_xscale("log", base=2)
-        ax.set_xticks(sizes, [report.size_label(s) for s in sizes])
-        ax.minorticks_off()
-        ax.set_xlabel("page size")
-        ax.set_ylim(bottom=0)
-        ax.grid(True, alpha=0.3)
-    axes[0].set_ylabel("GB/s")
-    axes[0].legend(fontsize=8, loc="best")
-    machine = document["machine"]
-    fig.suptitle(
-        f"hf3fsctl bench storage: POSIX engine vs the plain loop, {machine['fstype']} at "
-        f"{machine['mount'] or '?'}, {machine['cpus']} cores "
-        f"({document['settings']['statistic']})",
-        fontsize=11,
-    )
-    report.save(fig, path)

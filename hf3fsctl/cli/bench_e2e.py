@@ -9,11 +9,15 @@ from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from hf3fsctl.cli import bench_output
 from hf3fsctl.cli.options import JsonOpt
+
+if TYPE_CHECKING:
+    from rich.console import RenderableType
 
 _W = "Workload"
 _E = "Engine"
@@ -229,7 +233,6 @@ def e2e(
 ) -> None:
     """End to end through vLLM: TTFT, throughput, hit rate vs no connector, peers and floor."""
     from hf3fsctl.bench import e2e as bench
-    from hf3fsctl.bench import report
     from hf3fsctl.config import parse_size
     from hf3fsctl.errors import ConfigError, InvalidRequest
 
@@ -271,13 +274,170 @@ def e2e(
     if url:
         bench.check_loopback_url(url)  # refuse before anything starts
     if plot_path is not None:
-        report.require_plotting()
-    document = bench.run(settings, progress=report.progress_printer(not json))
-    report.publish(
+        bench_output.require_plotting()
+    document = bench.run(settings, progress=bench_output.progress_printer(not json))
+    bench_output.publish(
         document,
-        render=bench.render,
-        plot=bench.plot,
+        render=render,
+        plot=plot,
         json_stdout=json,
         json_path=json_out,
         plot_path=plot_path,
     )
+
+
+def _fmt(value: Any, spec: str, suffix: str = "") -> str:
+    if value is None:
+        return "-"
+    return f"{format(value, spec)}{suffix}"
+
+
+def render(document: dict[str, Any]) -> RenderableType:
+    """For people: the figures table, the ratios to the ceilings, goals and notes."""
+    from rich.console import Group
+    from rich.table import Table
+    from rich.text import Text
+
+    w = document["workload"]
+    engine = document["engine"]
+    where = (
+        f"server {engine['url']}"
+        if document["mode"] == "url"
+        else f"block {engine.get('block_size')}, {engine.get('dtype')}"
+    )
+    title = (
+        f"e2e: {w['prefixes']} prefixes × {w['suffixes']} suffixes, {w['prefix_tokens']}+"
+        f"{w['suffix_tokens']} prompt tokens, {w['output_tokens']} output tokens, "
+        f"{w['arrival']}, {where}"
+    )
+    table = Table(title=title, title_justify="left", header_style="bold")
+    columns = (
+        "configuration",
+        "TTFT p50",
+        "TTFT p99",
+        "p50 × floor",
+        "hit rate",
+        "prefill tok/s",
+        "× none",
+        "tok/s",
+        "req/s",
+        "outputs",
+    )
+    for column in columns:
+        table.add_column(column, justify="left" if column in ("configuration",) else "right")
+    problems: list[Text] = []
+    for name, entry in document["configurations"].items():
+        label = f"{name} ({entry['label']})"
+        if entry.get("status") != "ok":
+            reason = entry.get("error") or entry.get("note") or ""
+            last = reason.splitlines()[-1].removeprefix("[rank0]: ") if reason else ""
+            table.add_row(label, Text(entry["status"], style="yellow"))
+            problems.append(Text(f"{name} {entry['status']}: {last[:200]}", style="yellow"))
+            continue
+        r = entry.get("ratios", {})
+        same = entry.get("outputs_match_none")
+        table.add_row(
+            label,
+            _fmt(entry["ttft_p50_s"], ".3f", " s"),
+            _fmt(entry["ttft_p99_s"], ".3f", " s"),
+            _fmt(r.get("ttft_p50_over_floor"), ".2f", "×"),
+            _fmt(None if entry["hit_rate"] is None else entry["hit_rate"] * 100, ".1f", "%"),
+            _fmt(entry["prefill_tokens_per_s"], ",.0f"),
+            _fmt(r.get("prefill_tokens_per_s_over_baseline"), ".2f", "×"),
+            _fmt(entry["total_tokens_per_s"], ",.0f"),
+            _fmt(entry["requests_per_s"], ".2f"),
+            Text("same" if same else "DIFFER", style="green" if same else "bold red"),
+        )
+    out: list[RenderableType] = [table, *problems]
+    ratios = Table.grid(padding=(0, 2))
+    ratios.title = "ratios (ceilings measured in the same run)"
+    ratios.title_justify = "left"
+    ratios.add_column(style="bold")
+    ratios.add_column()
+    for kind, ceiling in document["ceiling"].items():
+        if kind != "ratio":
+            ratios.add_row(f"{kind} ceiling", ceiling)
+    for key, value in document["ratios"].items():
+        if value is not None:
+            ratios.add_row(key, f"{value:.3f}")
+    for key, value in document["goals"].items():
+        shown = "n/a" if value is None else ("met" if value else "NOT met")
+        ratios.add_row(f"goal {key}", shown)
+    out.append(ratios)
+    for note in document.get("notes", []):
+        out.append(Text(f"note: {note}", style="dim"))
+    machine = document.get("machine", {})
+    load = machine.get("load_average_1min")
+    if load:
+        out.append(
+            Text(
+                f"machine: {machine.get('cpus')} CPUs, 1-minute load average "
+                f"{load['start']:.1f} at the start, {load['end']:.1f} at the end "
+                f"(other work skews every figure); {document.get('seconds', 0):.0f} s in all",
+                style="dim",
+            )
+        )
+    return Group(*out)
+
+
+def plot(document: dict[str, Any], path: Path) -> None:
+    """A PNG at `path`: TTFT p50/p99 bars per configuration with the floor as a line, and
+    prefill throughput bars with no connector (and the cold goal) as lines."""
+    from hf3fsctl.bench.e2e import GOAL_COLD_PREFILL
+
+    ok = {n: e for n, e in document["configurations"].items() if e.get("status") == "ok"}
+    names = list(ok)
+    xs = list(range(len(names)))
+    fig = bench_output.figure(13, 5.2)
+    ax_ttft, ax_tput = fig.subplots(1, 2)
+    width = 0.38
+    p50 = [ok[n]["ttft_p50_s"] for n in names]
+    p99 = [ok[n]["ttft_p99_s"] for n in names]
+    ax_ttft.bar([x - width / 2 for x in xs], p50, width, label="p50")
+    ax_ttft.bar([x + width / 2 for x in xs], p99, width, label="p99")
+    for floor, style in (("floor", "-"), ("floor-mp", ":"), ("server-repeat", "-")):
+        if floor in ok:
+            ax_ttft.axhline(
+                ok[floor]["ttft_p50_s"],
+                color="black",
+                linestyle=style,
+                linewidth=1,
+                label=f"{floor} p50 (the ceiling)",
+            )
+    ax_ttft.set_yscale("log")
+    if p50:
+        ax_ttft.set_ylim(bottom=min(p50) / 2)
+    ax_ttft.set_ylabel("time to first token (s, log scale)")
+    ax_ttft.set_title("TTFT per configuration")
+    tput = [ok[n]["prefill_tokens_per_s"] or 0.0 for n in names]
+    ax_tput.bar(xs, tput, color="tab:green")
+    for base, style in (("none", "-"), ("none-mp", ":"), ("server", "-")):
+        value = ok.get(base, {}).get("prefill_tokens_per_s")
+        if value:
+            ax_tput.axhline(value, color="black", linestyle=style, linewidth=1, label=base)
+            ax_tput.axhline(
+                value * GOAL_COLD_PREFILL,
+                color="tab:red",
+                linestyle=style,
+                linewidth=0.8,
+                label=f"{base} × {GOAL_COLD_PREFILL:.0%} (the cold goal)",
+            )
+    ax_tput.set_yscale("log")
+    if any(tput):
+        ax_tput.set_ylim(bottom=min(t for t in tput if t) / 2)
+    ax_tput.set_ylabel("prompt tokens per second of prefill (log scale)")
+    ax_tput.set_title("prefill throughput")
+    for ax in (ax_ttft, ax_tput):
+        ax.set_xticks(xs, names, rotation=30, ha="right")
+        ax.grid(axis="y", alpha=0.3, which="both")
+        ax.legend(fontsize=8)
+    missing = [f"{n} {e['status']}" for n, e in document["configurations"].items() if n not in ok]
+    if missing:
+        fig.text(0.01, 0.005, "not shown: " + ", ".join(missing), fontsize=8, color="tab:red")
+    w = document["workload"]
+    fig.suptitle(
+        f"hf3fsctl bench e2e: {w['prefixes']}×{w['suffixes']} prompts of "
+        f"{w['prefix_tokens']}+{w['suffix_tokens']} tokens, {w['output_tokens']} out, "
+        f"{w['arrival']}"
+    )
+    bench_output.save(fig, Path(path))

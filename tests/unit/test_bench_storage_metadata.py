@@ -8,6 +8,7 @@ speed is what the benchmarks measure, not what the tests assert.
 
 from __future__ import annotations
 
+import io
 import json
 import shutil
 import threading
@@ -19,6 +20,7 @@ from typer.testing import CliRunner
 
 from hf3fsctl.bench import report
 from hf3fsctl.cli.main import app
+from hf3fsctl.errors import InvalidRequest
 from hf3fsctl.storage.layout import PageFile, slot_bytes
 from hf3fsctl.storage.posix import MIN_TASK_BYTES, PosixEngine
 
@@ -178,7 +180,13 @@ def test_bench_metadata_embedded_every_op_json_and_plot(tmp_path: Path) -> None:
     assert memory["entries"] == 2000
     assert memory["rss_after_bytes"] > memory["rss_before_bytes"] > 0
     assert 0 < memory["bytes_per_entry"] < 100_000
-    assert memory["in_tree_bytes_per_key"] == 570
+    # no in-tree server ran: no in-tree figure and no ratio to one (none is stored in code)
+    assert (memory["in_tree_bytes_per_key"], memory["ratio_to_in_tree"]) == (None, None)
+    assert all(r["in_tree"] is None and r["in_tree_ratio"] is None for r in rows)
+    assert document["reference"]["measured_in_this_run"] is False
+    text = _rendered(document)  # the tables say so themselves
+    assert "empty: not measured in this run (mode in-tree was not asked for" in text
+    assert "÷ in-tree empty: not measured in this run" in text
     full = document["full_store"]
     assert {f["clients"] for f in full} == {1, 2}
     for f in full:
@@ -192,6 +200,17 @@ def test_bench_metadata_embedded_every_op_json_and_plot(tmp_path: Path) -> None:
         assert 0 <= f["no_space_share_1ns"] <= 1 and 0 <= f["no_space_share_8ns"] <= 1
     _assert_png(plot)
     assert not list(tmp_path.glob("hf3fsctl-bench-metadata-*"))
+
+
+def _rendered(document: dict[str, Any]) -> str:
+    """The `bench metadata` tables of `document` as plain text, one space between words."""
+    from rich.console import Console
+
+    from hf3fsctl.cli.bench_metadata import render
+
+    console = Console(width=400, record=True, file=io.StringIO())
+    console.print(render(document))
+    return " ".join(console.export_text().split())
 
 
 def report_ops() -> list[str]:
@@ -237,6 +256,12 @@ def test_bench_metadata_measures_the_in_tree_server_and_redis_in_the_same_run(
             twin = rows[("in-tree", op)]
             assert row["in_tree_source"] == "this run"
             assert row["in_tree_ratio"] == pytest.approx(row["ops"] / twin["ops"])
+    in_tree_memory = document["modes"][0]["memory"]["bytes_per_entry"]
+    for mode in document["modes"][1:]:  # memory, too, is compared within this run only
+        assert mode["memory"]["in_tree_bytes_per_key"] == pytest.approx(in_tree_memory)
+    text = _rendered(document)
+    assert "vLLM's in-tree metadata server, measured in this run" in text
+    assert "not measured in this run" not in text  # every cell here has its in-tree twin
 
 
 def test_bench_metadata_against_a_running_server(tmp_path: Path) -> None:
@@ -295,5 +320,11 @@ def test_percentiles_are_nearest_rank_and_ordered() -> None:
 
 def test_list_and_size_parsing() -> None:
     assert report.parse_ints("1, 4,16,4", "--x") == [1, 4, 16]
-    assert report.parse_sizes("256,1MiB,4k", "--x") == [256 * 1024, 1 << 20, 4096]
+    # a bare number is bytes, as for --capacity and every size key
+    assert report.parse_sizes("4096,1MiB,4k,64KiB", "--x") == [4096, 1 << 20, 64 << 10]
     assert report.size_label(4 << 20) == "4 MiB" and report.size_label(3000) == "3000 B"
+    for bad in ("12x", "1.5.2MiB", "-4k", ""):
+        with pytest.raises(InvalidRequest, match="bare number is bytes, as for --capacity"):
+            report.parse_sizes(bad, "--sizes")
+    with pytest.raises(InvalidRequest, match="must be positive"):
+        report.parse_sizes("0", "--sizes")

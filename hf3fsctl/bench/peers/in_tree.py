@@ -1,66 +1,27 @@
-"""The processes `bench metadata` measures beside its own: vLLM's in-tree server, Redis.
+"""vLLM's in-tree hf3fs metadata server, and its own client behind the cells' calls.
 
-- `InTreeServer` runs the metadata server that ships in vLLM
-  (`vllm/distributed/kv_transfer/kv_connector/v1/hf3fs/hf3fs_metadata_server.py`) on
-  loopback, and `InTreeClient` drives it with vLLM's own client class
-  (`Hf3fsGlobalMetadataClient`, requests keep-alive) behind the few calls the cells make
-  (`lookup`, `locate`, `allocate`, `commit`), so the same cells measure both servers in
-  one run. Its store is in memory and unbounded, namespaces do not exist in it, and a key
-  is "stored" once every initialised rank confirmed it: the cells use one rank.
-- `RedisServer` runs a private `redis-server` (Debian's package) on a free loopback port
-  with persistence off (a benchmark measures the store's scripts, not disk fsyncs), for
-  the `redis` and `serve-redis` modes.
-
-Both are loopback-only, start in a work directory and stop (SIGTERM, then SIGKILL) on exit.
+Contract: `InTreeServer.start` raises `MetadataUnavailable` with a hint when vLLM (and
+so the server) is not installed here; `InTreeClient` answers `lookup`, `locate`,
+`allocate`, `commit` and `health` the way `bench metadata`'s cells call hf3fsctl's
+clients, through vLLM's `Hf3fsGlobalMetadataClient` (rank 0).
 """
 
 from __future__ import annotations
 
-import contextlib
-import shutil
-import socket
 import subprocess
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hf3fsctl.bench.loopback import free_port
+from hf3fsctl.bench.peers.process import stop_process, wait_for_port
 from hf3fsctl.errors import MetadataUnavailable
 
 IN_TREE_MODULE = "vllm.distributed.kv_transfer.kv_connector.v1.hf3fs.hf3fs_metadata_server"
+
+
 IN_TREE_SCHEME = "in-tree+http://"
-
-
-def free_port() -> int:
-    """A TCP port free on loopback now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _stop(process: subprocess.Popen[bytes] | None, timeout_s: float = 10.0) -> None:
-    if process is None or process.poll() is not None:
-        return
-    process.terminate()
-    try:
-        process.wait(timeout_s)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
-
-
-def _wait_for_port(process: subprocess.Popen[bytes], port: int, what: str, log: Path) -> None:
-    deadline = time.monotonic() + 60.0
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            tail = log.read_text(errors="replace")[-2000:] if log.exists() else ""
-            raise MetadataUnavailable(f"{what} exited with {process.returncode}: {tail}")
-        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.5):
-            return
-        time.sleep(0.05)
-    _stop(process)
-    raise MetadataUnavailable(f"{what} did not listen on 127.0.0.1:{port} within 60 s")
 
 
 class InTreeServer:
@@ -99,7 +60,7 @@ class InTreeServer:
         command += ["--port", str(self.port)]
         with self.log_path.open("ab") as log:
             self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
-        _wait_for_port(self.process, self.port, "the in-tree metadata server", self.log_path)
+        wait_for_port(self.process, self.port, "the in-tree metadata server", self.log_path)
         client = InTreeClient(self.url)
         try:
             client.initialize(self.num_pages)
@@ -109,7 +70,7 @@ class InTreeServer:
 
     def stop(self) -> None:
         """SIGTERM, then SIGKILL."""
-        _stop(self.process)
+        stop_process(self.process)
 
     def __enter__(self) -> InTreeServer:
         return self.start()
@@ -185,47 +146,3 @@ class InTreeClient:
     def close(self) -> None:
         """Close its HTTP session."""
         self._client._session.close()
-
-
-class RedisServer:
-    """A private `redis-server` on a free loopback port, persistence off."""
-
-    def __init__(self, directory: Path) -> None:
-        self.directory = directory
-        self.port = free_port()
-        self.log_path = directory / "redis-server.log"
-        self.process: subprocess.Popen[bytes] | None = None
-
-    def url(self, db: int = 0) -> str:
-        """`redis://127.0.0.1:PORT/DB`."""
-        return f"redis://127.0.0.1:{self.port}/{db}"
-
-    def start(self) -> RedisServer:
-        """Start it and wait for it to listen.
-
-        Raises:
-            MetadataUnavailable: no `redis-server` on PATH, or it did not start.
-        """
-        binary = shutil.which("redis-server")
-        if binary is None:
-            raise MetadataUnavailable(
-                "redis-server is not installed here",
-                hint="apt-get install redis-server (make test does), or leave out the redis modes",
-            )
-        self.directory.mkdir(parents=True, exist_ok=True)
-        command = [binary, "--port", str(self.port), "--bind", "127.0.0.1"]
-        command += ["--save", "", "--appendonly", "no", "--dir", str(self.directory)]
-        command += ["--logfile", str(self.log_path)]
-        self.process = subprocess.Popen(command, stdout=subprocess.DEVNULL)
-        _wait_for_port(self.process, self.port, "redis-server", self.log_path)
-        return self
-
-    def stop(self) -> None:
-        """SIGTERM, then SIGKILL."""
-        _stop(self.process)
-
-    def __enter__(self) -> RedisServer:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()

@@ -1,0 +1,131 @@
+"""What a `bench metadata` run measures: its operations, modes, sizes and settings.
+
+Contract: `MetadataSettings.check` refuses settings that cannot run with an
+`InvalidRequest` naming the setting; `MetadataSettings.quick` is `--quick`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from hf3fsctl.bench.loopback import check_loopback_url
+from hf3fsctl.errors import InvalidRequest
+
+if TYPE_CHECKING:
+    pass
+
+
+OPS = ("ping", "lookup", "locate", "alloc_commit", "full_1ns", "full_8ns")
+
+
+FULL_OPS = ("full_1ns", "full_8ns")
+
+
+MODES = ("embedded", "serve", "in-tree", "redis", "serve-redis")
+
+
+# Modes that need a program this machine may lack: skipped (and said so) when it does.
+OPTIONAL_MODES = ("in-tree", "redis", "serve-redis")
+
+
+OP_LABELS = {
+    "ping": "ping (1-key lookup)",
+    "lookup": "lookup 1,000 keys",
+    "locate": "locate 64 keys",
+    "alloc_commit": "allocate + commit 64",
+    "full_1ns": "full store, 1 namespace",
+    "full_8ns": "full store, 8 namespaces",
+}
+
+
+BATCH = 64
+
+
+LOOKUP_KEYS = 1000
+
+
+FILL_CHUNK = 8192
+
+
+URL_FILL_CHUNK = 4096  # under the server's default max_batch (8192)
+
+
+PAGE_BYTES = 2 << 20  # a Llama-8B-like page: 32 layers x K,V x 8 heads x 128 x 16 x bf16
+
+
+FULL_NAMESPACES = 8
+
+
+UNBOUNDED_BYTES = 1 << 62  # the capacity recorded in stores that must never fill
+
+
+FULL_GOAL = 1.5
+
+
+@dataclass(frozen=True)
+class MetadataSettings:
+    """What one `bench metadata` run measures.
+
+    Attributes:
+        modes: `embedded` and/or `serve` (ignored when `url` is given).
+        ops: the operations (see the module docstring); `ping` is always measured.
+        clients: concurrent client processes, one cell each per operation.
+        seconds: timed window of each cell.
+        entries: committed keys every store is pre-filled with (and the full stores'
+            capacity in pages).
+        url: a running `hf3fsctl serve` to measure instead (loopback only).
+        token: its bearer token.
+        workers: server processes of the server this starts (`serve` mode).
+        directory: where the work directory is made.
+        keep: leave the work directory (and, with `url`, the namespaces) behind.
+    """
+
+    modes: tuple[str, ...] = MODES
+    ops: tuple[str, ...] = OPS
+    clients: tuple[int, ...] = (1, 16)
+    seconds: float = 3.0
+    entries: int = 200_000
+    url: str | None = None
+    token: str | None = None
+    workers: int = 1
+    directory: Path | None = None
+    keep: bool = False
+
+    @classmethod
+    def quick(cls, **overrides: Any) -> MetadataSettings:
+        """Short cells on a small store (about 15 s with both modes on 2 cores)."""
+        base: dict[str, Any] = {"clients": (1, 4), "seconds": 0.3, "entries": 10_000}
+        base.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**base)
+
+    def check(self) -> None:
+        """Refuse settings that cannot run.
+
+        Raises:
+            InvalidRequest: naming the setting.
+        """
+        if not self.clients or any(c < 1 for c in self.clients):
+            raise InvalidRequest(f"clients must be positive, got {list(self.clients)}")
+        if max(self.clients) > 256:
+            raise InvalidRequest(f"at most 256 client processes, got {max(self.clients)}")
+        if not 0 < self.seconds <= 3600:
+            raise InvalidRequest(f"seconds must be in (0, 3600], got {self.seconds}")
+        if self.entries < LOOKUP_KEYS + BATCH:
+            raise InvalidRequest(
+                f"entries must be at least {LOOKUP_KEYS + BATCH} (the lookup chain and a "
+                f"locate batch are read from them), got {self.entries}"
+            )
+        for op in self.ops:
+            if op not in OPS:
+                raise InvalidRequest(f"unknown operation {op!r}; one of {', '.join(OPS)}")
+        for mode in self.modes:
+            if mode not in MODES:
+                raise InvalidRequest(f"unknown mode {mode!r}; one of {', '.join(MODES)}")
+        if self.url is not None:
+            check_loopback_url(self.url)
+        elif not self.modes:
+            raise InvalidRequest("no mode to measure: give embedded and/or serve, or --url")
+        if self.workers < 1:
+            raise InvalidRequest(f"workers must be at least 1, got {self.workers}")
