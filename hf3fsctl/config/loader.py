@@ -216,7 +216,8 @@ def load_config(
 
 def dump_config(config: Config) -> str:
     """The configuration as YAML, each key with its help line as a comment."""
-    lines = ["# hf3fsctl configuration (see configs/hf3fs.yaml for every key)"]
+    defaults = Path(__file__).resolve().parent.parent / "default_config.yaml"  # in the wheel
+    lines = [f"# hf3fsctl configuration; every key and its default: {defaults}"]
     for section, cls in SECTIONS.items():
         lines.append(f"{section}:")
         for name, info in cls.model_fields.items():
