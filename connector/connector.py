@@ -6,8 +6,14 @@ process; in-process vLLM builds one of each in the same process. Load with
 `kv_connector="Hf3fsctlConnector"` and either the plugin entry point or
 `kv_connector_module_path="hf3fsctl_connector.connector"`.
 
-Start-up checks: the configuration (`kv_connector_extra_config`) must load, the model
-must have one full-attention KV cache group and no pipeline parallelism, and a
+Implements vLLM's `SupportsHMA`, so vLLM keeps its hybrid KV cache manager on: every
+stored KV cache group (full attention, MLA, sliding window, Mamba "align" state) has
+its own namespace and worker side (`connector.group_workers`); the scheduler side looks
+up the longest prefix every group can serve (`hf3fsctl.kv_groups`).
+
+Start-up checks: the configuration (`kv_connector_extra_config`) must load, every
+transferable KV cache group must be one the connector stores (`namespace.kv_groups`:
+one line naming what is not) and there is no pipeline parallelism, and a
 `kv_load_failure_policy` other than "recompute" is warned about (a failed load would end
 the request in an error instead of recomputing it).
 """
@@ -23,11 +29,16 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1,
     KVConnectorMetadata,
     KVConnectorRole,
+    KVConnectorTransferResults,
+    SupportsHMA,
 )
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
+from hf3fsctl.kv_groups import GroupPlan
+
+from .group_workers import GroupWorkers
 from .metadata import Hf3fsctlConnectorMetadata
-from .namespace import build_manifest, load_settings
+from .namespace import build_manifests, load_settings
 from .scheduler import SchedulerSide
 from .service import MetadataGuard
 from .stats import StatsRecorder
@@ -71,7 +82,7 @@ def _adopt_vllm_logging() -> None:
         ours.propagate = False
 
 
-class Hf3fsctlConnector(KVConnectorBase_V1):
+class Hf3fsctlConnector(KVConnectorBase_V1, SupportsHMA):
     """Persistent, shareable KV pages on 3FS (or any POSIX file system)."""
 
     _cache_hit_source = getattr(CacheHitSource, "DISK", CacheHitSource.EXTERNAL_UNSPECIFIED)
@@ -82,10 +93,15 @@ class Hf3fsctlConnector(KVConnectorBase_V1):
         super().__init__(vllm_config, role, kv_cache_config)
         _adopt_vllm_logging()
         self.settings = load_settings(vllm_config)
-        self.manifest = build_manifest(vllm_config, kv_cache_config)
+        stored = build_manifests(vllm_config, kv_cache_config)
+        self.manifest = stored[0][1]  # the first group's (the only one of most models)
+        self.groups = [
+            GroupPlan(g.index, g.kind, m.namespace_id, g.window_tokens) for g, m in stored
+        ]
         self.stats = StatsRecorder()
         self.scheduler_side: SchedulerSide | None = None
-        self.worker_side: WorkerSide | None = None
+        self.worker_side: WorkerSide | None = None  # the first group's
+        self.workers: GroupWorkers | None = None
         if role == KVConnectorRole.SCHEDULER:
             policy = self._kv_transfer_config.kv_load_failure_policy
             if policy != "recompute":
@@ -102,23 +118,36 @@ class Hf3fsctlConnector(KVConnectorBase_V1):
                 MetadataGuard(self.settings),
                 self.stats,
                 kv_events=bool(events_config and events_config.enable_kv_cache_events),
+                groups=self.groups,
             )
             logger.info(
-                "hf3fsctl connector scheduler: namespace %s, storage %s, metadata %s",
-                self.manifest.namespace_id,
+                "hf3fsctl connector scheduler: namespace %s, storage %s, metadata %s%s",
+                ", ".join(f"{p.namespace} ({p.kind} group {p.index})" for p in self.groups)
+                if len(self.groups) > 1
+                else self.manifest.namespace_id,
                 self.settings.storage.path,
                 self.settings.metadata_target.url,  # a password shows as ***
+                "; hybrid KV cache groups: loads are asynchronous"
+                if self.scheduler_side.hybrid and self.settings.connector.load_mode == "sync"
+                else "",
             )
         else:
             batched = vllm_config.scheduler_config.max_num_batched_tokens
             step_blocks = -(-int(batched) // self.manifest.block_size)
-            self.worker_side = WorkerSide(
-                self.settings,
-                self.manifest,
-                kv_cache_config,
-                self.stats,
-                staging_prewarm_bytes=step_blocks * self.manifest.page_bytes,
-            )
+            sides: dict[int, WorkerSide] = {}
+            for group, manifest in stored:
+                first = not sides
+                sides[group.index] = WorkerSide(
+                    self.settings,
+                    manifest,
+                    kv_cache_config,
+                    self.stats,
+                    staging_prewarm_bytes=step_blocks * manifest.page_bytes if first else 0,
+                    pool=None if first else next(iter(sides.values())).pool,
+                    group=group.index,
+                )
+            self.workers = GroupWorkers(sides)
+            self.worker_side = self.workers.primary
 
     @property
     def requires_kv_delivery(self) -> bool:
@@ -128,9 +157,9 @@ class Hf3fsctlConnector(KVConnectorBase_V1):
     # --- worker side ---------------------------------------------------------------
 
     @property
-    def _worker(self) -> WorkerSide:
-        assert self.worker_side is not None, "worker-side method called on the scheduler"
-        return self.worker_side
+    def _worker(self) -> GroupWorkers:
+        assert self.workers is not None, "worker-side method called on the scheduler"
+        return self.workers
 
     @property
     def _scheduler(self) -> SchedulerSide:
@@ -163,19 +192,29 @@ class Hf3fsctlConnector(KVConnectorBase_V1):
         self._worker.wait_for_save(self._meta())
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
-        return self._worker.get_finished(finished_req_ids)
+        sending, recving, _ = self._worker.transfer_results(finished_req_ids)
+        return sending or None, recving or None
+
+    def get_transfer_results(self, finished_req_ids: set[str]) -> KVConnectorTransferResults:
+        """Finished saves and loads; with several groups, failed loads as requests."""
+        sending, recving, failed = self._worker.transfer_results(finished_req_ids)
+        return KVConnectorTransferResults(
+            finished_sending=sending, finished_recving=recving, failed_recving=failed
+        )
 
     def get_block_ids_with_load_errors(self) -> set[int]:
-        return self._worker.get_block_ids_with_load_errors()
+        return self._worker.load_errors()
 
     def get_kv_connector_stats(self) -> KVConnectorStats | None:
-        sides = [side for side in (self.worker_side, self.scheduler_side) if side is not None]
-        data = self.stats.take(max(side.health.level for side in sides))
+        levels = [self.workers.health_level()] if self.workers is not None else []
+        if self.scheduler_side is not None:
+            levels.append(self.scheduler_side.health.level)
+        data = self.stats.take(max(levels))
         return None if data is None else Hf3fsctlConnectorStats(data=data)
 
     def shutdown(self) -> None:
-        if self.worker_side is not None:
-            self.worker_side.shutdown()
+        if self.workers is not None:
+            self.workers.shutdown()
         if self.scheduler_side is not None:
             self.scheduler_side.shutdown()
 
@@ -201,6 +240,12 @@ class Hf3fsctlConnector(KVConnectorBase_V1):
     def request_finished(
         self, request: Request, block_ids: list[int]
     ) -> tuple[bool, dict[str, Any] | None]:
+        return self._scheduler.request_finished(request)
+
+    def request_finished_all_groups(
+        self, request: Request, block_ids: tuple[list[int], ...]
+    ) -> tuple[bool, dict[str, Any] | None]:
+        """`SupportsHMA`: hold every group's blocks while the request's saves run."""
         return self._scheduler.request_finished(request)
 
     def take_events(self) -> Iterable[KVCacheEvent]:

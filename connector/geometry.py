@@ -41,30 +41,53 @@ class KVCacheGeometry:
     """The stored KV cache group as plain data: what the worker side reads of vLLM's config."""
 
     num_blocks: int  # blocks per layer
-    page_size_bytes: int  # bytes of one block of one layer (the group spec's page size)
+    page_size_bytes: int  # stored bytes of one block of one layer (a Mamba state: unpadded)
     layer_names: tuple[str, ...]  # the layers of the stored group
-    tensors: tuple[TensorPlacement, ...]  # every backing allocation, in config order
+    tensors: tuple[TensorPlacement, ...]  # the group's layers of each allocation, in order
 
     @classmethod
-    def from_vllm(cls, kv_cache_config: KVCacheConfig) -> KVCacheGeometry:
-        """The geometry of the one group this connector stores.
+    def from_vllm(cls, kv_cache_config: KVCacheConfig, group: int | None = None) -> KVCacheGeometry:
+        """The geometry of one stored group (`group`: its index; None: the only one).
+
+        Layers of other groups may share a backing allocation with this group's (vLLM's
+        hybrid manager gives every group its own block ids in one pool): only this
+        group's layers are kept of each tensor.
 
         Raises:
-            ConfigError: no single full-attention group (`namespace.kv_group`).
+            ConfigError: the groups cannot be stored (`namespace.kv_groups`), or `group`
+                is None for a model with several stored groups.
         """
-        from .namespace import kv_group
+        from .namespace import kv_group, kv_groups
 
-        group = kv_group(kv_cache_config)
+        if group is None:
+            stored = kv_group(kv_cache_config)
+        else:
+            stored = next(g for g in kv_groups(kv_cache_config) if g.index == group)
+        wanted = set(stored.layer_names)
+        tensors = []
+        for t in kv_cache_config.kv_cache_tensors:
+            layers = [name for name in t.layers if name in wanted]
+            if not layers:
+                continue
+            first = list(t.layers).index(layers[0])
+            if layers != list(t.layers)[first : first + len(layers)]:
+                raise ConfigError(
+                    f"a KV cache tensor interleaves layers of group {stored.index} with "
+                    f"others: {list(t.layers)}; non-uniform layouts are not supported"
+                )
+            tensors.append(
+                TensorPlacement(
+                    tuple(layers),
+                    int(t.offset) + first * int(t.layer_stride),
+                    int(t.layer_stride),
+                    int(t.block_stride),
+                )
+            )
         return cls(
             num_blocks=int(kv_cache_config.num_blocks),
-            page_size_bytes=int(group.kv_cache_spec.page_size_bytes),
-            layer_names=tuple(group.layer_names),
-            tensors=tuple(
-                TensorPlacement(
-                    tuple(t.layers), int(t.offset), int(t.layer_stride), int(t.block_stride)
-                )
-                for t in kv_cache_config.kv_cache_tensors
-            ),
+            page_size_bytes=stored.page_size_bytes,
+            layer_names=stored.layer_names,
+            tensors=tuple(tensors),
         )
 
 

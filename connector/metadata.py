@@ -2,7 +2,9 @@
 
 Contract: `Hf3fsctlConnectorMetadata` is everything a worker needs for one step and is
 pickled to worker processes, so it holds plain data only. Block ids index the KV
-cache's blocks; keys are hex block hashes, one per block id, in prefix order.
+cache's blocks (one pool for every group under vLLM's hybrid manager); keys are hex
+block hashes, one per block id, in prefix order; each job moves the pages of one KV
+cache group (`group`), stored in that group's namespace.
 
 Imports no vLLM, so the worker side runs (and is tested on a GPU machine) without it:
 `connector.connector` registers `Hf3fsctlConnectorMetadata` as a virtual subclass of
@@ -27,6 +29,7 @@ class LoadJob:
     block_ids: list[int]  # destination KV blocks, one per key
     keys: list[str]  # block keys, in prefix order
     sync: bool = False  # load before this step's forward; errors reported in this step
+    group: int = 0  # the KV cache group (index in vLLM's kv_cache_groups) loaded into
 
 
 @dataclass
@@ -37,6 +40,7 @@ class SaveJob:
     block_ids: list[int]  # source KV blocks, one per key
     keys: list[str]  # block keys, in prefix order
     first_depth: int  # chain position of keys[0] (eviction drops tails first)
+    group: int = 0  # the KV cache group (index in vLLM's kv_cache_groups) saved from
 
 
 @dataclass

@@ -4,12 +4,16 @@ Contract:
     * `load_settings(vllm_config)` reads `kv_connector_extra_config`: `config_file` (the
       hf3fsctl YAML) plus dotted overrides (`"storage.path": ...`), through
       `hf3fsctl.config.load_config` (so errors name the key).
-    * `kv_group(kv_cache_config)` returns the single full-attention KV cache group the
-      connector supports; anything else (hybrid models, MLA-with-indexer, several
-      groups, encoder-only) is a clear `ConfigError` at start-up.
-    * `build_manifest(vllm_config, kv_cache_config)` is a pure function of the two
-      configs, so the scheduler and every worker compute the same namespace id; workers
-      additionally check the real tensors against it (`connector.geometry`).
+    * `kv_groups(kv_cache_config)` returns every transferable KV cache group as a
+      `StoredGroup`: full attention and MLA (FULL), sliding window (SLIDING), Mamba
+      state in prefix-caching "align" mode (MAMBA). Anything else (chunked local
+      attention, sliding-window MLA, sink attention, non-"align" Mamba, EAGLE/MTP draft
+      groups, groups of different block sizes) is one `ConfigError` line at start-up
+      naming what is unsupported.
+    * `build_manifests(vllm_config, kv_cache_config)` gives each stored group its own
+      namespace manifest (docs/design.md decision 16); a pure function of the two
+      configs, so the scheduler and every worker compute the same namespace ids;
+      workers additionally check the real tensors against them (`connector.geometry`).
     * `none_hash_fingerprint(algorithm)` fingerprints vLLM's NONE_HASH from the same
       inputs vLLM uses (algorithm, PYTHONHASHSEED), without needing the engine's global.
 """
@@ -17,17 +21,20 @@ Contract:
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from hf3fsctl.config import Config, load_config
 from hf3fsctl.errors import ConfigError
 from hf3fsctl.keys import DEFAULT_NONE_HASH_SEED, NamespaceManifest, model_revision, none_hash
+from hf3fsctl.kv_groups import FULL, MAMBA, SLIDING
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
-    from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheGroupSpec
+    from vllm.v1.kv_cache_interface import KVCacheConfig
 
 logger = logging.getLogger(__name__)
 
@@ -47,32 +54,97 @@ def load_settings(vllm_config: VllmConfig) -> Config:
     return load_config(path, overrides=extra)
 
 
-def kv_group(kv_cache_config: KVCacheConfig) -> KVCacheGroupSpec:
-    """The one KV cache group this connector stores.
+@dataclass(frozen=True)
+class StoredGroup:
+    """One KV cache group the connector stores, as plain data (see `hf3fsctl.kv_groups`)."""
+
+    index: int  # position in vLLM's `kv_cache_groups`
+    kind: str  # FULL, SLIDING or MAMBA
+    spec: Any  # vLLM's KVCacheSpec of the group
+    layer_names: tuple[str, ...]  # the group's layers, in order
+    page_size_bytes: int  # stored bytes of one block of one layer
+    window_tokens: int = 0  # SLIDING: tokens the window keeps (window + retained)
+
+
+def _unsupported(message: str, hint: str) -> ConfigError:
+    return ConfigError(f"Hf3fsctlConnector cannot store this model: {message}", hint=hint)
+
+
+def _group_kind(index: int, group: Any) -> StoredGroup:
+    from vllm.v1.kv_cache_interface import (
+        FullAttentionSpec,
+        MambaSpec,
+        MLAAttentionSpec,
+        SlidingWindowSpec,
+    )
+
+    spec = group.kv_cache_spec
+    name = type(spec).__name__
+    layers = tuple(group.layer_names)
+    if group.is_eagle_group:
+        raise _unsupported(
+            f"KV cache group {index} holds EAGLE/MTP draft layers {list(layers)}",
+            "run without speculative decoding, or without the connector",
+        )
+    if type(spec) in (FullAttentionSpec, MLAAttentionSpec):
+        return StoredGroup(index, FULL, spec, layers, int(spec.page_size_bytes))
+    if type(spec) is SlidingWindowSpec:
+        window = int(spec.sliding_window) + int(spec.extra_retained_tokens)
+        return StoredGroup(index, SLIDING, spec, layers, int(spec.page_size_bytes), window)
+    if type(spec) is MambaSpec:
+        if spec.mamba_cache_mode != "align":
+            raise _unsupported(
+                f"Mamba state group {index} is in mamba_cache_mode={spec.mamba_cache_mode!r}",
+                "enable prefix caching (--enable-prefix-caching, mamba_cache_mode 'align'): "
+                "only block-boundary states can be stored",
+            )
+        if spec.num_speculative_blocks:
+            raise _unsupported(
+                f"Mamba state group {index} keeps speculative-decoding blocks",
+                "run without speculative decoding, or without the connector",
+            )
+        # Only the state itself, not the padding that aligns it to the attention page.
+        return StoredGroup(index, MAMBA, spec, layers, int(spec.real_page_size_bytes))
+    raise _unsupported(
+        f"KV cache group {index} has spec {name}",
+        "stored: full attention, MLA, sliding window and Mamba 'align' groups "
+        "(docs/vllm.md lists the rest)",
+    )
+
+
+def kv_groups(kv_cache_config: KVCacheConfig) -> list[StoredGroup]:
+    """Every KV cache group this connector stores (vLLM rebuilds the others).
 
     Raises:
-        ConfigError: the model has no or several KV cache groups, or its group is not
-            plain (full) attention.
+        ConfigError: no transferable group, a spec the connector cannot store, EAGLE/MTP
+            draft groups, or groups with different block sizes.
     """
-    from vllm.v1.kv_cache_interface import AttentionSpec, FullAttentionSpec, MLAAttentionSpec
+    stored = [
+        _group_kind(index, group)
+        for index, group in enumerate(kv_cache_config.kv_cache_groups)
+        if group.enable_kv_transfer
+    ]
+    if not stored:
+        raise _unsupported("it has no transferable KV cache group", "run without the connector")
+    sizes = {int(g.spec.block_size) for g in stored}
+    hashed = kv_cache_config.hash_block_size
+    if len(sizes) != 1 or (hashed is not None and int(hashed) not in sizes):
+        raise _unsupported(
+            f"KV cache groups have block sizes {sorted(sizes)} (hash block size {hashed})",
+            "set one --block-size every group can use",
+        )
+    return stored
 
-    groups = [g for g in kv_cache_config.kv_cache_groups if g.enable_kv_transfer]
+
+def kv_group(kv_cache_config: KVCacheConfig) -> StoredGroup:
+    """The one stored group of a single-group model.
+
+    Raises:
+        ConfigError: as `kv_groups`, or the model has several stored groups.
+    """
+    groups = kv_groups(kv_cache_config)
     if len(groups) != 1:
-        raise ConfigError(
-            f"Hf3fsctlConnector supports models with one KV cache group; this one has "
-            f"{len(groups)} ({[type(g.kv_cache_spec).__name__ for g in groups]})",
-            hint="hybrid / sliding-window-grouped models are not supported yet",
-        )
-    spec = groups[0].kv_cache_spec
-    allowed = isinstance(spec, FullAttentionSpec) and type(spec) in (
-        FullAttentionSpec,
-        MLAAttentionSpec,
-    )
-    if not allowed or not isinstance(spec, AttentionSpec):
-        raise ConfigError(
-            f"Hf3fsctlConnector does not support KV cache spec {type(spec).__name__}",
-            hint="only full attention (FullAttentionSpec, MLAAttentionSpec) is stored",
-        )
+        raise ConfigError(f"the model has {len(groups)} stored KV cache groups, not one")
     return groups[0]
 
 
@@ -114,20 +186,31 @@ def _backend_name(vllm_config: VllmConfig) -> str:
     return f"{current_platform.device_type}:{chosen}"
 
 
-def build_manifest(vllm_config: VllmConfig, kv_cache_config: KVCacheConfig) -> NamespaceManifest:
-    """The namespace manifest of this engine's KV pages on one rank.
-
-    Raises:
-        ConfigError: unsupported KV cache groups or pipeline parallelism.
-    """
-    group = kv_group(kv_cache_config)
-    spec: Any = group.kv_cache_spec
-    parallel = vllm_config.parallel_config
-    if parallel.pipeline_parallel_size > 1:
-        raise ConfigError(
-            "Hf3fsctlConnector does not support pipeline parallelism yet "
-            f"(pipeline_parallel_size={parallel.pipeline_parallel_size})"
+def _structure(kv_cache_config: KVCacheConfig) -> str:
+    """A fingerprint of every group's kind, spec and layers: the model's layer pattern."""
+    rows = []
+    for group in kv_cache_config.kv_cache_groups:
+        spec: Any = group.kv_cache_spec
+        rows.append(
+            [
+                type(spec).__name__,
+                list(group.layer_names),
+                int(spec.block_size),
+                int(spec.page_size_bytes),
+                int(getattr(spec, "sliding_window", 0) or 0),
+                repr(getattr(spec, "shapes", "")),
+                repr(getattr(spec, "dtypes", "")),
+                bool(group.enable_kv_transfer),
+            ]
         )
+    return hashlib.sha256(json.dumps(rows).encode()).hexdigest()[:16]
+
+
+def _group_manifest(
+    vllm_config: VllmConfig, kv_cache_config: KVCacheConfig, group: StoredGroup, hybrid: bool
+) -> NamespaceManifest:
+    spec: Any = group.spec
+    parallel = vllm_config.parallel_config
     model = vllm_config.model_config
     cache = vllm_config.cache_config
     layout = kv_cache_config.kv_cache_layout or cache.kv_cache_layout or "unresolved"
@@ -135,23 +218,67 @@ def build_manifest(vllm_config: VllmConfig, kv_cache_config: KVCacheConfig) -> N
         "cache_dtype": str(cache.cache_dtype),
         "kv_quant_mode": str(getattr(spec, "kv_quant_mode", "")),
         "spec": type(spec).__name__,
-        "head_size_v": str(getattr(spec, "head_size_v", spec.head_size)),
-        "page_size_bytes": str(spec.page_size_bytes),
+        "head_size_v": str(getattr(spec, "head_size_v", getattr(spec, "head_size", 0))),
+        "page_size_bytes": str(group.page_size_bytes),
     }
+    if hybrid:  # a single full-attention group keeps the manifest it always had
+        extra |= {
+            "group": str(group.index),
+            "group_kind": group.kind,
+            "groups": _structure(kv_cache_config),
+            "sliding_window": str(group.window_tokens),
+        }
+        if group.kind == MAMBA:
+            extra["mamba_state"] = f"{spec.shapes}:{[_dtype_name(d) for d in spec.dtypes]}"
+    dtype = spec.dtypes[0] if group.kind == MAMBA else spec.dtype
     return NamespaceManifest(
         model=str(model.model),
         revision=model_revision(model.model, model.revision),
-        kv_dtype=_dtype_name(spec.dtype),
+        kv_dtype=_dtype_name(dtype),
         block_size=int(spec.block_size),
         layout=str(layout),
         backend=_backend_name(vllm_config),
         num_layers=len(group.layer_names),
-        num_kv_heads=int(spec.num_kv_heads),
-        head_dim=int(spec.head_size),
+        num_kv_heads=int(getattr(spec, "num_kv_heads", 0)),
+        head_dim=int(getattr(spec, "head_size", 0)),
         tp_size=int(parallel.tensor_parallel_size),
         pp_size=int(parallel.pipeline_parallel_size),
-        page_bytes=int(spec.page_size_bytes) * len(group.layer_names),
+        page_bytes=group.page_size_bytes * len(group.layer_names),
         hash_algorithm=str(cache.prefix_caching_hash_algo),
         none_hash=none_hash_fingerprint(str(cache.prefix_caching_hash_algo)),
         extra=extra,
     )
+
+
+def build_manifests(
+    vllm_config: VllmConfig, kv_cache_config: KVCacheConfig
+) -> list[tuple[StoredGroup, NamespaceManifest]]:
+    """Each stored group with the manifest of its namespace on this rank.
+
+    One namespace per group: a group's pages have their own size and their own layers.
+    With more than one group (or a group that is not full attention) every manifest
+    records its group index and kind and a fingerprint of the whole group structure,
+    so a changed layer pattern never reuses pages. A single full-attention group keeps
+    the manifest it always had (existing stores stay valid).
+
+    Raises:
+        ConfigError: unsupported KV cache groups or pipeline parallelism.
+    """
+    groups = kv_groups(kv_cache_config)
+    parallel = vllm_config.parallel_config
+    if parallel.pipeline_parallel_size > 1:
+        raise ConfigError(
+            "Hf3fsctlConnector does not support pipeline parallelism yet "
+            f"(pipeline_parallel_size={parallel.pipeline_parallel_size})"
+        )
+    hybrid = len(groups) > 1 or groups[0].kind != FULL
+    return [(g, _group_manifest(vllm_config, kv_cache_config, g, hybrid)) for g in groups]
+
+
+def build_manifest(vllm_config: VllmConfig, kv_cache_config: KVCacheConfig) -> NamespaceManifest:
+    """The manifest of a single-group model (the first group's for a hybrid one).
+
+    Raises:
+        ConfigError: unsupported KV cache groups or pipeline parallelism.
+    """
+    return build_manifests(vllm_config, kv_cache_config)[0][1]

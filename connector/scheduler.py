@@ -34,6 +34,7 @@ from hf3fsctl.config import Config
 from hf3fsctl.errors import MetadataUnavailable
 from hf3fsctl.health import ConnectorHealth
 from hf3fsctl.keys import NamespaceManifest, block_keys
+from hf3fsctl.kv_groups import FULL, MAMBA, GroupPlan, longest_hit
 
 from .events import StoreEvents, block_payloads
 from .metadata import Hf3fsctlConnectorMetadata, LoadJob, RequestState, SaveJob
@@ -49,6 +50,20 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 LOOKUP_THREADS = 4
+# vLLM's BlockPool takes block 0 as its null block: the placeholder a sliding-window or
+# Mamba group's block table holds where vLLM keeps no KV (never saved, never loaded).
+NULL_BLOCK_ID = 0
+
+
+def _runs(positions: list[int]) -> list[list[int]]:
+    """`positions` (ascending) cut into runs of consecutive positions."""
+    runs: list[list[int]] = []
+    for position in positions:
+        if runs and runs[-1][-1] + 1 == position:
+            runs[-1].append(position)
+        else:
+            runs.append([position])
+    return runs
 
 
 class SchedulerSide:
@@ -62,17 +77,23 @@ class SchedulerSide:
         stats: StatsRecorder,
         *,
         kv_events: bool = False,
+        groups: list[GroupPlan] | None = None,
     ) -> None:
         self.config = config
         self.manifest = manifest
         self.namespace = manifest.namespace_id
         self.block_size = manifest.block_size
+        # Every stored KV cache group; one full-attention group for most models.
+        self.groups = groups or [GroupPlan(0, FULL, self.namespace)]
+        self.hybrid = len(self.groups) > 1 or self.groups[0].kind != FULL
         self.guard = guard
         self.stats = stats
         self._requests: dict[str, RequestState] = {}
         self._pending_loads: list[LoadJob] = []
         self._pool = ThreadPoolExecutor(LOOKUP_THREADS, thread_name_prefix="hf3fsctl-lookup")
-        self._sync = config.connector.load_mode == "sync"
+        # vLLM takes no block-level load errors from a model with several KV cache
+        # groups, only failed requests, which it reports for asynchronous loads alone.
+        self._sync = config.connector.load_mode == "sync" and not self.hybrid
         self.health = ConnectorHealth(
             role="scheduler", rank=0, namespace=self.namespace, storage_path=config.storage.path
         )
@@ -128,11 +149,21 @@ class SchedulerSide:
         full = min(request.num_prompt_tokens // self.block_size, len(request.block_hashes))
         return block_keys(request.block_hashes[:full])
 
-    def _timed_lookup(self, keys: list[str]) -> int:
+    def _timed_lookup(self, keys: list[str], limit: int) -> int:
         started = time.monotonic()
-        hits = self.guard.call(lambda client: client.lookup(self.namespace, keys))
+        hits = self.guard.call(
+            lambda client: longest_hit(self.groups, keys, limit, self.block_size, client.lookup)
+        )
         self.stats.observe("lookup_s", time.monotonic() - started)
         return hits
+
+    def _hit_limit(self, request: Request, keys: list[str]) -> int:
+        """The most blocks a hit may cover: a windowed or state group needs the exact
+        boundary, so its hit is looked up below the last prompt token; otherwise the
+        whole stored prefix is asked for and clipped later."""
+        if not self.hybrid:
+            return len(keys)
+        return min(len(keys), (request.num_tokens - 1) // self.block_size)
 
     def _resolve_lookup(self, state: RequestState) -> bool:
         """Fill `state.hit_blocks` if the lookup is done or overdue; False while pending."""
@@ -148,7 +179,8 @@ class SchedulerSide:
                 state.hit_blocks = 0
                 return True
             state.lookup_started = time.monotonic()
-            state.lookup = self._pool.submit(self._timed_lookup, keys)
+            limit = self._hit_limit(state.request, keys)
+            state.lookup = self._pool.submit(self._timed_lookup, keys, limit)
             self.stats.add(lookup_blocks=len(keys))
             # A fast store answers within this step; a slow or dead one costs the whole
             # step (all its requests together) at most `lookup_wait_ms`, and is asked
@@ -199,7 +231,10 @@ class SchedulerSide:
         assert state.hit_blocks is not None
         state.local_computed_tokens = num_computed_tokens
         # Never cover the last token: vLLM must compute at least one to sample from.
-        loadable = min(state.hit_blocks, (request.num_tokens - 1) // self.block_size)
+        limit = (request.num_tokens - 1) // self.block_size
+        loadable = min(state.hit_blocks, limit)
+        if self.hybrid and state.hit_blocks > limit:
+            loadable = 0  # a shorter prefix would need other window / state pages
         new_blocks = loadable - num_computed_tokens // self.block_size
         if new_blocks <= 0 or new_blocks < self.config.connector.min_hit_blocks:
             return 0, False
@@ -214,22 +249,48 @@ class SchedulerSide:
         state = self._state(request)
         first = state.local_computed_tokens // self.block_size
         count = num_external_tokens // self.block_size
-        block_ids = list(blocks.get_block_ids()[0][first : first + count])
-        keys = block_keys(request.block_hashes[first : first + count])
-        if len(block_ids) != count or len(keys) != count:
+        hit = first + count
+        if len(request.block_hashes) < hit:
             logger.error(
-                "request %s: load plan mismatch (%d blocks, %d keys, %d wanted); not loading",
+                "request %s: %d block hashes for a load of %d blocks; not loading",
                 request.request_id,
-                len(block_ids),
-                len(keys),
-                count,
+                len(request.block_hashes),
+                hit,
             )
             return
-        self._pending_loads.append(LoadJob(request.request_id, block_ids, keys, self._sync))
-        state.load_first, state.load_block_ids, state.load_failed_at = first, block_ids, None
-        state.load_sync = self._sync
+        per_group = blocks.blocks
+        jobs: list[LoadJob] = []
+        for plan in self.groups:
+            table = per_group[plan.index]
+            if len(table) < hit:
+                logger.error(
+                    "request %s: group %d has %d blocks for a load of %d; not loading",
+                    request.request_id,
+                    plan.index,
+                    len(table),
+                    hit,
+                )
+                return
+            # What vLLM allocated for the external tokens: every block for full
+            # attention, the window for sliding window, the boundary state for Mamba.
+            positions = [p for p in range(first, hit) if not table[p].is_null]
+            if not positions:
+                continue
+            jobs.append(
+                LoadJob(
+                    request.request_id,
+                    [table[p].block_id for p in positions],
+                    block_keys([request.block_hashes[p] for p in positions]),
+                    self._sync,
+                    plan.index,
+                )
+            )
+        self._pending_loads.extend(jobs)
+        state.load_first = first
+        state.load_block_ids = [b for job in jobs for b in job.block_ids]
+        state.load_failed_at, state.load_sync = None, self._sync
         self.stats.add(hit_blocks=count, hit_tokens=count * self.block_size)
-        state.stored_upto = max(state.stored_upto, first + count)
+        state.stored_upto = max(state.stored_upto, hit)
 
     # --- per step ----------------------------------------------------------------
 
@@ -240,11 +301,39 @@ class SchedulerSide:
             limit = min(limit, request.num_prompt_tokens)
         return min(limit // self.block_size, len(request.block_hashes))
 
-    def _block_ids(self, output: SchedulerOutput, req_id: str) -> list[int] | None:
+    def _block_ids(self, output: SchedulerOutput, req_id: str) -> tuple[list[int], ...] | None:
         state = output.kv_connector_block_state
         if state is None or req_id not in state.req_ids:
             return None
-        return list(state.resolve_block_ids(req_id)[0])
+        return tuple(list(ids) for ids in state.resolve_block_ids(req_id))
+
+    def _group_saves(
+        self,
+        plan: GroupPlan,
+        req_id: str,
+        request: Request,
+        table: list[int],
+        span: tuple[int, int, int],
+    ) -> list[SaveJob]:
+        """One group's save jobs for blocks [start, full) (`tokens`: computed after the step)."""
+        start, full, tokens = span
+        if plan.kind == MAMBA:
+            # A state block holds the state after exactly its blocks only when the
+            # step's chunk ended on that block boundary (vLLM "align" mode).
+            positions = [full - 1] if tokens == full * self.block_size else []
+        else:
+            positions = list(range(start, full))
+        positions = [p for p in positions if p < len(table) and table[p] != NULL_BLOCK_ID]
+        return [
+            SaveJob(
+                req_id,
+                [table[p] for p in run],
+                block_keys([request.block_hashes[p] for p in run]),
+                run[0],
+                plan.index,
+            )
+            for run in _runs(positions)
+        ]
 
     def _plan_saves(self, output: SchedulerOutput) -> list[SaveJob]:
         saves: list[SaveJob] = []
@@ -262,15 +351,24 @@ class SchedulerSide:
             if not saving:
                 self.stats.add(save_dropped=full - start)
                 continue
-            block_ids = self._block_ids(output, req_id)
-            if block_ids is None or len(block_ids) < full:
+            tables = self._block_ids(output, req_id)
+            if tables is None or any(
+                len(tables[p.index]) < full for p in self.groups if p.kind == FULL
+            ):
                 logger.error("request %s: no block ids for blocks %d..%d", req_id, start, full)
                 continue
-            keys = block_keys(request.block_hashes[start:full])
-            saves.append(SaveJob(req_id, block_ids[start:full], keys, start))
+            tokens = request.num_computed_tokens + scheduled
+            jobs = [
+                job
+                for plan in self.groups
+                for job in self._group_saves(
+                    plan, req_id, request, tables[plan.index], (start, full, tokens)
+                )
+            ]
+            saves.extend(jobs)
             if self.events is not None:
                 self.events.record_saves(block_payloads(request, start, full, self.block_size))
-            state.save_jobs += 1
+            state.save_jobs += len(jobs)
         return saves
 
     def build_connector_meta(self, output: SchedulerOutput) -> Hf3fsctlConnectorMetadata:
@@ -288,6 +386,10 @@ class SchedulerSide:
 
     def update_connector_output(self, output: KVConnectorOutput) -> None:
         """Learn which loads failed, so a request is never offered the same bad blocks."""
+        for req_id in output.failed_recving or ():
+            failed = self._requests.get(req_id)
+            if failed is not None:  # vLLM recomputes it: never offer that load again
+                failed.hit_blocks = 0
         invalid = output.invalid_block_ids or set()
         if invalid:
             for state in self._requests.values():

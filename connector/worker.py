@@ -139,7 +139,8 @@ def _tp_rank() -> int:
 class WorkerSide:
     """Executes the transfers of one rank and reports their results.
 
-    `kv_cache` is the engine's `KVCacheConfig` or, without vLLM, its `KVCacheGeometry`.
+    `kv_cache` is the engine's `KVCacheConfig` (with `group`, the index of the KV cache
+    group this side stores; None: the only one) or, without vLLM, a `KVCacheGeometry`.
     """
 
     def __init__(
@@ -152,6 +153,8 @@ class WorkerSide:
         rank: int | None = None,
         guard: MetadataGuard | None = None,
         staging_prewarm_bytes: int = 0,
+        pool: StagingPool | None = None,
+        group: int | None = None,
     ) -> None:
         self.config = config
         self.staging_prewarm_bytes = staging_prewarm_bytes  # warmed after registration
@@ -160,12 +163,13 @@ class WorkerSide:
         self.geometry = (
             kv_cache
             if isinstance(kv_cache, KVCacheGeometry)
-            else KVCacheGeometry.from_vllm(kv_cache)
+            else KVCacheGeometry.from_vllm(kv_cache, group)
         )
         self.stats = stats
         self.rank = _tp_rank() if rank is None else rank
         self.guard = guard or MetadataGuard(config)
-        self.pool = StagingPool(config.connector.staging_bytes)
+        # One pool may serve the worker sides of several KV cache groups (`pool`).
+        self.pool = pool if pool is not None else StagingPool(config.connector.staging_bytes)
         self.segments: list[KVSegment] = []
         self.page_file: PageFile | None = None
         self.engine: IOEngine | None = None

@@ -61,6 +61,7 @@ class EngineRun:
     env: dict[str, str] = field(default_factory=dict)  # extra environment for the child
     timeout_s: float = 300.0
     passes: int = 1  # run the prompts this many times in the one engine (2 = floor)
+    engine_args: dict[str, Any] = field(default_factory=dict)  # more `vllm.LLM` arguments
 
 
 @dataclass
@@ -97,6 +98,7 @@ class EngineResult:
     engine_info: dict[str, Any] = field(default_factory=dict)  # dtype, block size, version
     stderr_tail: str = ""
     pass_results: list[PassResult] = field(default_factory=list)  # every pass, in order
+    log: str = ""  # the child's whole output (vLLM's log: KV cache size, groups)
 
     @property
     def outputs(self) -> list[list[int]]:
@@ -198,6 +200,7 @@ def run_engine(run: EngineRun) -> EngineResult:
         connector_totals=data["connector_totals"],
         engine_info=data["engine_info"],
         stderr_tail=tail,
+        log=(proc.stdout or "") + (proc.stderr or ""),
         pass_results=[
             PassResult([RequestResult(**r) for r in p["requests"]], p["generate_s"])
             for p in data.get("passes", [])
@@ -276,6 +279,7 @@ def _child(spec: EngineRun) -> dict[str, Any]:
         kwargs["kv_transfer_config"] = spec.kv_transfer_config
     if spec.max_num_batched_tokens:
         kwargs["max_num_batched_tokens"] = spec.max_num_batched_tokens
+    kwargs.update(spec.engine_args)
     start = time.perf_counter()
     llm = LLM(**kwargs)
     engine_start = time.perf_counter() - start
