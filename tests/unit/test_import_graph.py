@@ -1,4 +1,5 @@
-"""The module graph of `hf3fsctl/` and `connector/` (`hf3fsctl_connector`) has no cycle.
+"""The module graph of `hf3fsctl/` and `connector/` (`hf3fsctl_connector`): no cycle, and
+every import within the layer rules (which rooms may import which: `MAY_IMPORT`).
 
 Every import counts: top-level, inside functions, and under `if TYPE_CHECKING:` (a
 cycle there is still two modules that each need the other to be understood). The files
@@ -302,3 +303,116 @@ def test_no_core_module_imports_vllm_even_inside_a_function() -> None:
         if imported == "vllm" or imported.startswith("vllm.")
     )
     assert found == []
+
+
+# --- layer rules ------------------------------------------------------------------------
+# Rooms: a module is in the room of the longest prefix here that names it (a module or a
+# package with everything under it). A new top-level module of `hf3fsctl` falls into
+# `core` (the strictest outer rules) until it is given a room of its own.
+ROOMS: dict[str, str] = {
+    "hf3fsctl": "core",  # the package (`__version__`) and core modules not named below
+    "hf3fsctl.errors": "errors",
+    "hf3fsctl.config": "config",
+    "hf3fsctl.keys": "keys",
+    "hf3fsctl.prompt_keys": "keys",
+    "hf3fsctl.storage": "storage",
+    "hf3fsctl.meta": "meta",
+    "hf3fsctl.ops": "ops",
+    "hf3fsctl.staging": "staging",
+    "hf3fsctl.tier": "tier",
+    "hf3fsctl.health": "health",
+    "hf3fsctl.bench": "bench",
+    "hf3fsctl.offline": "offline",
+    "hf3fsctl.vllm_tools": "vllm_tools",
+    "hf3fsctl.cli": "cli",
+    "hf3fsctl.__main__": "cli",
+    "hf3fsctl_connector": "connector",
+}
+# The core library (docs/design.md, "Rules of the shape"): it runs without vLLM, the CLI,
+# the benchmarks, the offline tools and the connector.
+CORE_ROOMS = frozenset(
+    {"core", "errors", "config", "keys", "storage", "meta", "ops", "staging", "tier", "health"}
+)
+ALL_ROOMS = frozenset(ROOMS.values())
+# Which rooms each room may import (its own always). Every import counts, in functions too.
+MAY_IMPORT: dict[str, frozenset[str]] = {
+    "errors": frozenset(),  # the vocabulary every room speaks
+    "config": frozenset({"errors"}),
+    "keys": frozenset({"errors", "config"}),
+    # Pages know nothing of the index: the storage room never imports meta (or above it).
+    "storage": frozenset({"errors", "config", "keys"}),
+    "meta": frozenset({"errors", "config", "keys", "storage"}),
+    "ops": frozenset({"errors", "staging", "storage"}),
+    "staging": frozenset({"errors", "ops", "storage"}),
+    "tier": frozenset({"errors", "config", "keys", "storage", "meta", "staging"}),
+    "health": CORE_ROOMS,
+    "core": CORE_ROOMS,
+    # The connector is a consumer of the core, never of the CLI, benchmarks or tools.
+    "connector": CORE_ROOMS,
+    "vllm_tools": CORE_ROOMS | {"connector"},
+    "offline": CORE_ROOMS | {"connector", "vllm_tools"},
+    # Benchmarks measure the core (and run engines through vllm_tools); rendering their
+    # documents is the CLI's, so bench imports no cli.
+    "bench": CORE_ROOMS | {"vllm_tools"},
+    "cli": ALL_ROOMS,
+}
+# Rooms inside `hf3fsctl.meta` and which of them each may import: the metadata package's
+# own rules, kept by its owner (docs/design.md, the metadata section). A key is a module or
+# package under `hf3fsctl.meta` (e.g. "hf3fsctl.meta.sqlite"), its value the others under
+# `hf3fsctl.meta` it may import; a module in no key is unconstrained inside meta.
+META_MAY_IMPORT: dict[str, frozenset[str]] = {}
+
+
+def room_of(name: str, rooms: dict[str, str] = ROOMS) -> str:
+    """The room of module `name`: that of the longest prefix in `rooms` naming it."""
+    best = ""
+    for prefix in rooms:
+        if (name == prefix or name.startswith(prefix + ".")) and len(prefix) > len(best):
+            best = prefix
+    return rooms[best]
+
+
+def layer_violations(
+    edges: dict[str, frozenset[str]],
+    rooms: dict[str, str],
+    may_import: dict[str, frozenset[str]],
+) -> list[str]:
+    """`a imports b (room x may not import room y)` for every import the rules forbid."""
+    found = []
+    for name, targets in sorted(edges.items()):
+        source = room_of(name, rooms)
+        for target in sorted(targets):
+            room = room_of(target, rooms)
+            if room != source and room not in may_import[source]:
+                found.append(f"{name} imports {target} ({source} may not import {room})")
+    return found
+
+
+def test_every_room_has_rules() -> None:
+    assert set(MAY_IMPORT) == set(ALL_ROOMS)
+    assert all(allowed <= ALL_ROOMS for allowed in MAY_IMPORT.values())
+
+
+def test_every_import_follows_the_layer_rules() -> None:
+    assert layer_violations(graph(), ROOMS, MAY_IMPORT) == []
+
+
+def test_the_layer_checker_finds_a_forbidden_import() -> None:
+    rooms = {"lib": "core", "lib.cli": "cli", "lib.bench": "bench"}
+    rules = {"core": frozenset(), "bench": frozenset({"core"}), "cli": frozenset({"core", "bench"})}
+    edges = {
+        "lib.store": frozenset(),
+        "lib.bench.run": frozenset({"lib.store", "lib.cli.output"}),
+        "lib.cli.main": frozenset({"lib.bench.run", "lib.store"}),
+    }
+    assert layer_violations(edges, rooms, rules) == [
+        "lib.bench.run imports lib.cli.output (bench may not import cli)"
+    ]
+
+
+def test_the_metadata_rooms_follow_their_rules() -> None:
+    meta = {name: t for name, t in graph().items() if room_of(name) == "meta"}
+    rooms = {"hf3fsctl.meta": "hf3fsctl.meta", **{room: room for room in META_MAY_IMPORT}}
+    rules = {"hf3fsctl.meta": frozenset(rooms), **META_MAY_IMPORT}
+    inside = {n: frozenset(x for x in t if room_of(x) == "meta") for n, t in meta.items()}
+    assert layer_violations(inside, rooms, rules) == []
