@@ -36,7 +36,10 @@ from hf3fsctl.cli.options import JsonOpt
 IN_TREE = "in-tree"
 QuickOpt = Annotated[
     bool,
-    typer.Option("--quick", help="Short cells on a small store (about 15 s on 2 cores)."),
+    typer.Option(
+        "--quick",
+        help="Short cells on a small store (about 1.5 min on 2 cores with the in-tree server).",
+    ),
 ]
 
 

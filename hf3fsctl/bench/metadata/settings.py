@@ -95,7 +95,7 @@ class MetadataSettings:
 
     @classmethod
     def quick(cls, **overrides: Any) -> MetadataSettings:
-        """Short cells on a small store (about 15 s with both modes on 2 cores)."""
+        """Short cells on a small store (about 1.5 min on 2 cores, the in-tree server included)."""
         base: dict[str, Any] = {"clients": (1, 4), "seconds": 0.3, "entries": 10_000}
         base.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**base)
