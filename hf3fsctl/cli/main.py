@@ -9,13 +9,15 @@ dependencies (torch, vLLM, FastAPI, uvicorn, httpx) inside themselves, so `--hel
 
 from __future__ import annotations
 
+import functools
+import inspect
 import logging
 import sys
 from collections.abc import Callable
 from typing import Annotated, Any
 
 import typer
-from typer.core import TyperCommand, TyperGroup, TyperOption
+from typer.core import TyperArgument, TyperCommand, TyperGroup, TyperOption
 
 from hf3fsctl import __version__
 from hf3fsctl.cli import (
@@ -64,6 +66,11 @@ def _untyped_flags(params: list[Any], ctx: Any) -> list[Any]:
     (a range keeps its bounds, `N [x>=1]`) instead of `<str>` or `<int range>`.
     """
     for param in params:
+        if isinstance(param, TyperArgument) and param.metavar is not None:
+            # an argument with a name of its own (`NAMESPACE`) needs no `<str>` after it;
+            # Typer shows one for every argument, whatever its metavar
+            param.display_type_rich = _no_type  # type: ignore[method-assign]
+            continue
         if not isinstance(param, TyperOption) or param.metavar is not None:
             continue
         if param.is_flag:
@@ -71,6 +78,16 @@ def _untyped_flags(params: list[Any], ctx: Any) -> list[Any]:
         else:
             param.metavar = _METAVARS.get(param.display_type(ctx))
     return params
+
+
+def _no_type(ctx: Any) -> None:
+    return None
+
+
+def _plain_usage(pieces: list[str]) -> list[str]:
+    """Usage pieces with a required argument shown bare (`NAMESPACE`), as Click and man
+    pages do, not in braces (`{NAMESPACE}`, which reads as shell brace expansion)."""
+    return [p[1:-1] if p.startswith("{") and p.endswith("}") else p for p in pieces]
 
 
 class Hf3fsctlGroup(TyperGroup):
@@ -81,10 +98,14 @@ class Hf3fsctlGroup(TyperGroup):
 
 
 class Hf3fsctlCommand(TyperCommand):
-    """A command whose help shows no `<bool>` after flags (register every command with it)."""
+    """A command whose help shows no `<bool>` after flags, no `<str>` after a named
+    argument and no braces around it (register every command with it)."""
 
     def get_params(self, ctx: Any) -> list[Any]:
         return _untyped_flags(super().get_params(ctx), ctx)
+
+    def collect_usage_pieces(self, ctx: Any) -> list[str]:
+        return _plain_usage(super().collect_usage_pieces(ctx))
 
 
 app = typer.Typer(
@@ -106,13 +127,14 @@ def _version(value: bool) -> None:
         raise typer.Exit()
 
 
+VerboseOpt = Annotated[bool, typer.Option("--verbose", "-v", help="Log what is done (to stderr).")]
+
+
 @app.callback()
 def _root(
     ctx: typer.Context,
     config: ConfigOpt = None,
-    verbose: Annotated[
-        bool, typer.Option("--verbose", "-v", help="Log what is done (to stderr).")
-    ] = False,
+    verbose: VerboseOpt = False,
     version: Annotated[
         bool,
         typer.Option("--version", callback=_version, is_eager=True, help="Print the version."),
@@ -133,9 +155,36 @@ PROMPTS = "Prompts (vLLM)"
 DIAGNOSE = "Check and measure"
 
 
+def with_verbose(fn: Callable[..., None]) -> Callable[..., None]:
+    """`fn` taking `-v/--verbose` after the command name too (`hf3fsctl stats -v`).
+
+    Typer reads a command's options from its signature, so the wrapper's signature is
+    `fn`'s plus `verbose`; given, it lowers the log level the root callback set.
+    """
+    signature = inspect.signature(fn, eval_str=True)
+    if "verbose" in signature.parameters:
+        return fn
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, verbose: bool = False, **kwargs: Any) -> None:
+        if verbose and not debug_enabled():
+            logging.getLogger().setLevel(logging.INFO)
+        fn(*args, **kwargs)
+
+    flag = inspect.Parameter(
+        "verbose", inspect.Parameter.KEYWORD_ONLY, default=False, annotation=VerboseOpt
+    )
+    wrapper.__signature__ = signature.replace(  # type: ignore[attr-defined]
+        parameters=[*signature.parameters.values(), flag]
+    )
+    wrapper.__annotations__ = {**fn.__annotations__, "verbose": VerboseOpt}
+    return wrapper
+
+
 def _command(name: str, fn: Callable[..., None], panel: str = OPERATE) -> None:
-    """Register a command under a help panel: errors mapped by `handle_errors`, flags untyped."""
-    app.command(name, cls=Hf3fsctlCommand, rich_help_panel=panel)(handle_errors(fn))
+    """Register a command under a help panel: errors mapped by `handle_errors`, flags
+    untyped, `-v` accepted after the command too."""
+    app.command(name, cls=Hf3fsctlCommand, rich_help_panel=panel)(handle_errors(with_verbose(fn)))
 
 
 _command("init", init.init, SETUP)

@@ -24,9 +24,8 @@ ConfigOpt = Annotated[
         "--config",
         "-c",
         metavar="PATH",
-        help="Config file (default: $HF3FSCTL_CONFIG, else ./hf3fs.yaml, "
-        "~/.config/hf3fsctl/config.yaml, /etc/hf3fsctl/config.yaml, else the packaged "
-        "defaults).",
+        help="Config file. Default: $HF3FSCTL_CONFIG, else ./hf3fs.yaml, else config.yaml "
+        "in ~/.config/hf3fsctl or /etc/hf3fsctl, else the packaged defaults.",
         show_default=False,
     ),
 ]
@@ -79,7 +78,7 @@ BlockSizeOpt = Annotated[
 ]
 TensorParallelOpt = Annotated[
     int,
-    typer.Option("--tensor-parallel-size", "-tp", min=1, help="vLLM --tensor-parallel-size."),
+    typer.Option("--tensor-parallel-size", "-tp", min=1, help="vLLM's tensor parallel size."),
 ]
 PromptsOpt = Annotated[
     str | None,

@@ -2,12 +2,16 @@
 
 `--json` prints one document: the store's `StoreStats` plus derived fields (usage,
 per-namespace lookup hit rate) and the metadata URL. `--watch SECONDS` redraws the
-tables with Rich Live until Ctrl-C (not with `--json`, which is one document).
+tables until Ctrl-C or SIGTERM, which exit 0: in place at a terminal (Rich Live), else
+one full snapshot after another (not with `--json`, which is one document). The store is
+opened read-only: this works on a read-only mount.
 """
 
 from __future__ import annotations
 
+import sys
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
@@ -134,7 +138,11 @@ def stats(
     watch: Annotated[
         float | None,
         typer.Option(
-            "--watch", metavar="SECONDS", min=0.1, help="Redraw every SECONDS until Ctrl-C."
+            "--watch",
+            metavar="SECONDS",
+            min=0.1,
+            help="Redraw every SECONDS until Ctrl-C or SIGTERM (a new snapshot each time when "
+            "stdout is not a terminal).",
         ),
     ] = None,
 ) -> None:
@@ -157,12 +165,42 @@ def stats(
         if watch is None:
             output.show(draw())
             return
-        from rich.live import Live
+        watch_stats(draw, watch)
 
-        with Live(draw(), console=output.stdout, auto_refresh=False) as live:
-            try:
+
+class _Stop(Exception):
+    """SIGTERM during `--watch`: stop as Ctrl-C does."""
+
+
+def _stop(signum: int, frame: object) -> None:
+    raise _Stop
+
+
+def watch_stats(draw: Callable[[], RenderableType], every: float) -> None:
+    """Redraw `draw()` every `every` seconds until Ctrl-C or SIGTERM (both exit 0).
+
+    At a terminal the tables are redrawn in place (Rich Live); otherwise (a pipe, a log
+    file, `watch`-less monitoring) each snapshot is printed in full after a time stamp,
+    since Live draws nothing where there is no terminal.
+    """
+    import signal
+
+    previous = signal.signal(signal.SIGTERM, _stop)
+    try:
+        if output.stdout.is_terminal:
+            from rich.live import Live
+
+            with Live(draw(), console=output.stdout, auto_refresh=False) as live:
                 while True:
-                    time.sleep(watch)
+                    time.sleep(every)
                     live.update(draw(), refresh=True)
-            except KeyboardInterrupt:
-                pass
+        else:
+            while True:
+                output.line(time.strftime("%Y-%m-%d %H:%M:%S %Z"), style="bold")
+                output.show(draw())
+                sys.stdout.flush()
+                time.sleep(every)
+    except (KeyboardInterrupt, _Stop):
+        pass
+    finally:
+        signal.signal(signal.SIGTERM, previous)

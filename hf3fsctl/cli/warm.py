@@ -96,13 +96,16 @@ def warm(
     tensor_parallel_size: TensorParallelOpt = 1,
     kv_cache_memory: Annotated[
         str | None,
-        typer.Option(
-            "--kv-cache-memory", metavar="SIZE", help="vLLM kv_cache_memory_bytes (e.g. 4GiB)."
-        ),
+        typer.Option("--kv-cache-memory", metavar="SIZE", help="vLLM's KV cache size (e.g. 4GiB)."),
     ] = None,
     gpu_memory_utilization: Annotated[
         float | None,
-        typer.Option("--gpu-memory-utilization", min=0.01, max=1.0, help="vLLM's, on GPUs."),
+        typer.Option(
+            "--gpu-memory-utilization",
+            metavar="SHARE",
+            callback=_gpu_share,
+            help="vLLM's share of GPU memory (0.01-1), on GPUs.",
+        ),
     ] = None,
     engine_arg: Annotated[
         list[str] | None,
@@ -162,6 +165,32 @@ def warm(
         _run(cfg, client, plan, options, document, json)
 
 
+def _gpu_share(value: float | None) -> float | None:
+    """`--gpu-memory-utilization` within 0.01-1 (checked here, not with `min`/`max`, whose
+    range Typer's help prints in the type column and which then cuts option names at 80
+    columns)."""
+    if value is not None and not 0.01 <= value <= 1.0:
+        raise typer.BadParameter(f"{value:g} is not a share between 0.01 and 1")
+    return value
+
+
+def quiet_vllm_logs() -> str:
+    """Keep vLLM's log lines from drowning the progress bar: vLLM logs errors only, unless
+    `-v` (then info) or `VLLM_LOGGING_LEVEL` says otherwise. hf3fsctl's own warnings
+    (a degraded or disabled cache) stay visible. Returns the level vLLM logs at.
+
+    Set in the environment, so the engine's worker processes inherit it, and on the
+    `vllm` logger, for a vLLM this process has imported already.
+    """
+    import logging
+    import os
+
+    verbose = logging.getLogger().getEffectiveLevel() <= logging.INFO
+    level = os.environ.setdefault("VLLM_LOGGING_LEVEL", "INFO" if verbose else "ERROR")
+    logging.getLogger("vllm").setLevel(level.upper())
+    return level
+
+
 def _run(
     cfg: Any, client: Any, plan: WarmPlan, options: Any, document: dict[str, Any], json: bool
 ) -> None:
@@ -170,6 +199,7 @@ def _run(
 
     todo = plan.by_status("todo")
     total_tokens = sum(item.tokens for item in todo)
+    quiet_vllm_logs()
     with output.progress(not json) as bar:
         task = bar.add_task("starting vLLM", total=len(todo))
         prefill_started = [time.monotonic()]
