@@ -214,8 +214,9 @@ def check_redis(report: Report, client: MetadataClient) -> None:
             "metadata.redis",
             "warn",
             detail + ": no replica, so a lost master loses the metadata",
-            "add a replica and Sentinel (docs/operations.md, 'Redis: a replica and "
-            "Sentinel'), or accept a cold cache after a Redis loss",
+            "add a replica and Sentinel (https://redis.io/docs/latest/operate/oss_and_stack/"
+            "management/sentinel/) and use metadata.url redis+sentinel://HOST:PORT,…/SERVICE "
+            "(docs/design.md, Redis metadata), or accept a cold cache after a Redis loss",
         )
     else:
         report.add("metadata.redis", "ok", detail)
