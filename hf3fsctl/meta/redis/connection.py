@@ -68,6 +68,7 @@ SCRIPTS = (
     "settle",
     "unpin",
 )
+EVICTING = ("allocate", "evict")  # the scripts that decide evictions (`lua/eviction.lua`)
 _SCRIPT_ERRORS: dict[str, type[Hf3fsctlError]] = {
     "NOTFOUND": NotFound,
     "INVALID": InvalidRequest,
@@ -124,14 +125,33 @@ def redis_client(
 
 
 def load_scripts(client: Any) -> dict[str, Script]:
-    """Every store script, `common.lua` prepended, registered for EVALSHA (redis-py loads
-    a script the server does not know yet, e.g. after a failover, on first use)."""
+    """Every store script, `common.lua` prepended (and `eviction.lua`, the eviction
+    decision, to the scripts that evict), registered for EVALSHA (redis-py loads a script
+    the server does not know yet, e.g. after a failover, on first use)."""
     folder = resources.files("hf3fsctl.meta.redis") / "lua"
     common = (folder / "common.lua").read_text()
+    eviction = (folder / "eviction.lua").read_text()
     return {
-        name: client.register_script(common + "\n" + (folder / f"{name}.lua").read_text())
+        name: client.register_script(
+            common
+            + "\n"
+            + (eviction + "\n" if name in EVICTING else "")
+            + (folder / f"{name}.lua").read_text()
+        )
         for name in SCRIPTS
     }
+
+
+def error_reply(exc: rex.ResponseError) -> tuple[str, str]:
+    """(kind, message) of an error reply: by the Redis protocol an error reply is
+    `KIND message`, and the kind is the data (redis-py already raises its own classes for
+    the kinds it knows: `NOAUTH`/`WRONGPASS` → `AuthenticationError`, `NOPERM`,
+    `READONLY`, `LOADING`, `NOSCRIPT` …). The store's scripts raise their kinds the same
+    way (`fail(kind, message)` in `lua/common.lua`); Redis may follow a script's message
+    with where in the script it was raised (` script: SHA, on @user_script:LINE.`),
+    which is left off."""
+    kind, _, message = str(exc.args[0] if exc.args else "").partition(" ")
+    return kind, message.split(" script: ")[0].strip()
 
 
 def translate(exc: Exception, where: str) -> Hf3fsctlError:
@@ -143,14 +163,10 @@ def translate(exc: Exception, where: str) -> Hf3fsctlError:
             "metadata.token_file",
         )
     if isinstance(exc, rex.ResponseError):
-        text = str(exc)
-        if " of pipeline caused error: " in text:  # a pipeline names the command first
-            text = text.split(" of pipeline caused error: ", 1)[1]
-        kind, _, message = text.partition(" ")
+        kind, message = error_reply(exc)
         if kind in _SCRIPT_ERRORS:
-            return _SCRIPT_ERRORS[kind](message.split(" script: ")[0].strip())
-        if kind in ("NOAUTH", "WRONGPASS", "NOPERM"):
-            return AuthError(f"Redis at {where} refused the credentials: {text}")
+            return _SCRIPT_ERRORS[kind](message)
+        text = f"{kind} {message}".strip()
         return MetadataUnavailable(
             f"Redis at {where} could not run the call: {text}",
             hint="check the Redis server's log (memory limit, read-only replica)",

@@ -378,7 +378,13 @@ class RedisMetadataStore(StoreCore):
         if keys:
             pipe.hmget(self._key("c", namespace), list(keys))
         pipe.evalsha(self._scripts["count_lookup"].sha, 1, self.prefix, *counters)
-        return list(pipe.execute())
+        # Errors come back as the exceptions themselves, not re-worded by the pipeline:
+        # `translate` reads their kind as any other call's.
+        replies = list(pipe.execute(raise_on_error=False))
+        for reply in replies:
+            if isinstance(reply, Exception):
+                raise reply
+        return replies
 
     def _locate(self, namespace: str, rank: int, keys: Sequence[str]) -> list[Location | None]:
         if not keys:

@@ -1,5 +1,13 @@
 """Eviction and reclamation inside a store write transaction (`MetadataStore` calls these).
 
+Where eviction is decided — the three `choose_*` functions, each one query:
+`choose_victims` (allocate: the store's capacity and quotas, via `capacity.room_for` →
+`evict_lru`), `choose_file_victims` (allocate: a full fixed-size file, via
+`evict_for_allocation`) and `choose_admin_victims` (`hf3fsctl evict`, via
+`evict_entries`). The rest of this module carries the decision out (drop the key on every
+rank, free its pages, count the eviction). docs/design.md, "Eviction", pairs each with
+its Redis twin.
+
 Rules (docs/design.md decision 5):
 
 - A key is evicted on every rank at once: a key missing on one rank is useless.
@@ -114,13 +122,15 @@ def reclaim_expired(conn: sqlite3.Connection, namespace: str, rank: int, now: fl
     return len(rows)
 
 
-def lru_candidates(
+def choose_victims(
     conn: sqlite3.Connection, now: float, scope: Sequence[str] | None, limit: int
 ) -> list[tuple[str, str]]:
-    """The least-recently-used evictable keys of `scope` (None: every namespace).
+    """THE eviction decision of the allocate path (the store's capacity and quotas):
+    the `limit` least-recently-used evictable keys of `scope` (None: every namespace).
 
     Evictable: committed on every rank it has, none pending, no read lease, not pinned.
-    Ordered by last access, then chain tails (greatest depth) first.
+    Ordered by last access, then chain tails (greatest depth) first. The Redis twin is
+    `choose_victims` in `redis/lua/eviction.lua` (docs/design.md, "Eviction").
     """
     where = NOT_PINNED
     args: dict[str, object] = {"now": now, "limit": limit}
@@ -157,7 +167,7 @@ def evict_lru(
     by_namespace: dict[str, int] = defaultdict(int)
     evicted = 0
     while not satisfied():
-        candidates = lru_candidates(conn, now, scope, batch)
+        candidates = choose_victims(conn, now, scope, batch)
         if not candidates:
             break
         for ns, key in candidates:
@@ -170,6 +180,21 @@ def evict_lru(
             by_namespace[ns] += 1
     _finish(conn, freed, by_namespace, reason)
     return evicted
+
+
+def choose_file_victims(
+    conn: sqlite3.Connection, namespace: str, rank: int, now: float, limit: int, offset: int
+) -> list[tuple[str]]:
+    """The eviction decision of a full fixed-size file: its least-recently-used committed
+    keys on `rank` (chain tails first), not leased, not pinned; the caller skips keys
+    pending or leased on another rank. Redis: `evict_lru` with `need_rank`
+    (`redis/lua/eviction.lua`)."""
+    return conn.execute(
+        "SELECT key FROM entries e WHERE namespace = :ns AND rank = :rank AND state = 1"
+        f" AND lease_until <= :now AND {NOT_PINNED}"
+        " ORDER BY last_access ASC, depth DESC LIMIT :limit OFFSET :offset",
+        {"ns": namespace, "rank": rank, "now": now, "limit": limit, "offset": offset},
+    ).fetchall()
 
 
 def evict_for_allocation(
@@ -186,18 +211,9 @@ def evict_for_allocation(
     evicted = 0
     skipped = 0
     while used > target_used:
-        batch = conn.execute(
-            "SELECT key FROM entries e WHERE namespace = :ns AND rank = :rank AND state = 1"
-            f" AND lease_until <= :now AND {NOT_PINNED}"
-            " ORDER BY last_access ASC, depth DESC LIMIT :limit OFFSET :offset",
-            {
-                "ns": namespace,
-                "rank": rank,
-                "now": now,
-                "limit": max(_BATCH, used - target_used),
-                "offset": skipped,
-            },
-        ).fetchall()
+        batch = choose_file_victims(
+            conn, namespace, rank, now, max(_BATCH, used - target_used), skipped
+        )
         if not batch:
             break
         for (key,) in batch:
@@ -250,6 +266,30 @@ def invalidate_pages(
     return dropped
 
 
+def choose_admin_victims(
+    conn: sqlite3.Connection, request: EvictRequest, now: float
+) -> list[tuple[str, str]]:
+    """The eviction decision of `hf3fsctl evict`: committed keys of the request's scope
+    (leased ones too; pinned ones only with `include_pinned`), LRU first, chain tails
+    first among equally old keys; `evict_entries` stops at the request's target. Redis:
+    `redis/lua/evict.lua`."""
+    where = "" if request.include_pinned else NOT_PINNED
+    named: dict[str, object] = {"now": now}
+    if request.namespace:
+        where = " AND ".join(filter(None, ["e.namespace = :ns", where]))
+        named["ns"] = request.namespace
+    having = "HAVING SUM(e.state = 0) = 0"
+    if request.older_than_s is not None:
+        having += " AND MAX(e.last_access) < :before"
+        named["before"] = now - request.older_than_s
+    return conn.execute(
+        f"SELECT e.namespace, e.key FROM entries e {'WHERE ' + where if where else ''}"
+        f" GROUP BY e.namespace, e.key {having}"
+        " ORDER BY MAX(e.last_access) ASC, MAX(e.depth) DESC",
+        named,
+    ).fetchall()
+
+
 def evict_entries(
     conn: sqlite3.Connection, request: EvictRequest, now: float, capacity: int | None
 ) -> EvictResult:
@@ -269,21 +309,7 @@ def evict_entries(
         bytes_total += next_unused * slot
     if capacity is not None:
         bytes_total = capacity
-    where = "" if request.include_pinned else NOT_PINNED
-    named: dict[str, object] = {"now": now}
-    if request.namespace:
-        where = " AND ".join(filter(None, ["e.namespace = :ns", where]))
-        named["ns"] = request.namespace
-    having = "HAVING SUM(e.state = 0) = 0"
-    if request.older_than_s is not None:
-        having += " AND MAX(e.last_access) < :before"
-        named["before"] = now - request.older_than_s
-    candidates = conn.execute(
-        f"SELECT e.namespace, e.key FROM entries e {'WHERE ' + where if where else ''}"
-        f" GROUP BY e.namespace, e.key {having}"
-        " ORDER BY MAX(e.last_access) ASC, MAX(e.depth) DESC",
-        named,
-    ).fetchall()
+    candidates = choose_admin_victims(conn, request, now)
     freed: dict[tuple[str, int], int] = defaultdict(int)
     by_namespace: dict[str, int] = defaultdict(int)
     keys = pages = freed_bytes = 0

@@ -34,20 +34,16 @@ handler (16 embedded writer processes: p99 seconds → milliseconds).
 
 from __future__ import annotations
 
-import errno
 import logging
 import os
 import sqlite3
-import threading
 import time
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
-from pathlib import Path
 from typing import Any, TypeVar
 
 from pydantic import TypeAdapter
 
-from hf3fsctl.errors import MetadataUnavailable, NotFound, StorageError
+from hf3fsctl.errors import MetadataUnavailable, NotFound
 from hf3fsctl.keys import check_namespace_id
 from hf3fsctl.meta.base import Attempt, StoreCore
 from hf3fsctl.meta.giveback import GiveBack
@@ -68,64 +64,21 @@ from hf3fsctl.meta.models import (
 )
 from hf3fsctl.meta.policy import StorePolicy
 from hf3fsctl.meta.sqlite import capacity as room
-from hf3fsctl.meta.sqlite import migration, namespaces, pins, schema
-from hf3fsctl.meta.sqlite.backup import BackupResult, Progress, backup_database
-from hf3fsctl.meta.sqlite.checkpointer import WalCheckpointer
+from hf3fsctl.meta.sqlite import namespaces, pins, schema
 from hf3fsctl.meta.sqlite.committed_index import CommittedIndex, prune_changes, read_changes
+from hf3fsctl.meta.sqlite.database import SqliteDatabase
 from hf3fsctl.meta.sqlite.eviction import (
     evict_entries,
     evict_for_allocation,
     invalidate_pages,
     reclaim_expired,
 )
-from hf3fsctl.meta.sqlite.writer_lock import WriterLock
 
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 _LOCATIONS = TypeAdapter(list[Location | None])
 _CHUNK = 500  # keys per SQL statement (well under SQLite's variable limit)
-_FLUSH_INTERVAL_S = 1.0
-
-
-def _wal_pages(path: str) -> int:
-    """WAL pages between checkpoints: 8192 (32 MiB, fewer checkpoints), but 256 (1 MiB)
-    on a small file system, where the WAL would otherwise eat the room left beside the
-    page files (the store's capacity is a share of the same file system)."""
-    import shutil
-
-    try:
-        total = shutil.disk_usage(os.path.dirname(path) or ".").total
-    except OSError:
-        return 8192
-    return 8192 if total >= 4 << 30 else 256
-
-
-def _read_only_error(path: str) -> StorageError:
-    return StorageError(
-        f"metadata store {path} is read-only here (read-only mount or no write permission)",
-        hint="remount it read-write or fix its permissions (`hf3fsctl doctor` says which); "
-        "`stats`, `ls` and `doctor` read it as it is",
-    )
-
-
-def _open_writer_lock(path: str) -> WriterLock:
-    """The writer lock of a store to be written (its directory made if missing).
-
-    Raises:
-        StorageError: the directory or lock file cannot be written (read-only mount,
-            permissions), instead of an `OSError` traceback.
-    """
-    try:
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        return WriterLock(path + ".lock")
-    except OSError as exc:
-        if exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
-            raise _read_only_error(path) from None
-        raise StorageError(
-            f"metadata store {path}: cannot open its lock file: {exc.strerror}",
-            errno=exc.errno,
-        ) from None
 
 
 def _placeholders(n: int) -> str:
@@ -137,7 +90,7 @@ def _chunks(items: Sequence[T], size: int = _CHUNK) -> Iterator[Sequence[T]]:
         yield items[start : start + size]
 
 
-class MetadataStore(StoreCore):
+class MetadataStore(SqliteDatabase, StoreCore):
     """The SQLite metadata store: the `Store` protocol (`meta/protocol.py`), on the
     store core (`meta/base.py`: validation, the allocate loop), with SQL primitives.
 
@@ -185,126 +138,17 @@ class MetadataStore(StoreCore):
             pending_timeout_s=pending_timeout_s,
             policy=policy,
         )
-        self.busy_timeout_s = float(busy_timeout_s)
-        self.durable = durable
-        self.background_checkpoint = background_checkpoint
-        self._local = threading.local()
-        self._connections: list[sqlite3.Connection] = []
-        self._connections_lock = threading.Lock()
-        self.read_only = read_only
-        self._immutable = False  # read-only and on a file system that refuses even -shm
-        self._writer: WriterLock | None = None if read_only else _open_writer_lock(self.path)
-        self._wal_pages = _wal_pages(self.path)
-        self._counters: dict[str, list[int]] = {}  # namespace → [lookups, keys, hits]
-        self._counters_lock = threading.Lock()
-        self._last_flush = time.monotonic()
         self._num_ranks: dict[str, int] = {}  # immutable once registered
         self._index = CommittedIndex()
         self._commits = 0
-        try:
-            self._init_schema()
-        except BaseException:  # e.g. a store of another format: leave nothing open
-            self._close_connections()
-            raise
+        self._open_database(
+            busy_timeout_s=busy_timeout_s,
+            durable=durable,
+            background_checkpoint=background_checkpoint,
+            read_only=read_only,
+        )
         self._record_default_capacity()
-        self._checkpointer = (
-            WalCheckpointer(
-                self.path, limit_bytes=self._wal_pages * 4096, writer_lock=self._lock()
-            ).start()
-            if background_checkpoint and not read_only
-            else None
-        )
-
-    # --- connections and transactions ------------------------------------------------
-
-    def _lock(self) -> WriterLock:
-        if self._writer is None:
-            raise _read_only_error(self.path)
-        return self._writer
-
-    def _connect(self) -> sqlite3.Connection:
-        if not self.read_only:
-            return sqlite3.connect(
-                self.path,
-                timeout=self.busy_timeout_s,
-                isolation_level=None,
-                check_same_thread=False,
-            )
-        if not Path(self.path).is_file():
-            raise NotFound(f"metadata database {self.path} does not exist")
-        uri = Path(self.path).absolute().as_uri()
-        if not self._immutable:
-            try:
-                conn = sqlite3.connect(
-                    uri + "?mode=ro",
-                    uri=True,
-                    timeout=self.busy_timeout_s,
-                    isolation_level=None,
-                    check_same_thread=False,
-                )
-                conn.execute("SELECT 1 FROM sqlite_master LIMIT 1")
-                return conn
-            except sqlite3.OperationalError:
-                if os.access(os.path.dirname(self.path) or ".", os.W_OK):
-                    raise
-            # WAL readers need `-shm`; where it cannot be created (a read-only mount)
-            # the file is read as it is, as if nobody wrote it meanwhile.
-            self._immutable = True
-            logger.info("metadata store %s: read-only file system, opened immutable", self.path)
-        return sqlite3.connect(
-            uri + "?immutable=1", uri=True, isolation_level=None, check_same_thread=False
-        )
-
-    def _conn(self) -> sqlite3.Connection:
-        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
-        if conn is None:
-            conn = self._connect()
-            conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout_s * 1000)}")
-            conn.execute(f"PRAGMA synchronous = {'FULL' if self.durable else 'NORMAL'}")
-            conn.execute("PRAGMA temp_store = MEMORY")
-            conn.execute("PRAGMA cache_size = -32768")
-            auto = 0 if self.background_checkpoint else self._wal_pages
-            conn.execute(f"PRAGMA wal_autocheckpoint = {auto}")
-            conn.execute(f"PRAGMA journal_size_limit = {self._wal_pages * 4096}")
-            self._local.conn = conn
-            with self._connections_lock:
-                self._connections.append(conn)
-        return conn
-
-    def _init_schema(self) -> None:
-        """Create the tables of a new store; refuse a store of another format.
-
-        A store is never migrated on open: processes of several hf3fsctl versions may
-        share it, so `hf3fsctl migrate` does that, once, on purpose (`meta/migration.py`).
-        """
-        with self._unavailable_on_busy():
-            conn = self._conn()
-            if self.read_only:
-                version = schema.stored_version(conn)
-                if version is not None and version != schema.SCHEMA_VERSION:
-                    raise migration.format_error(self.path, version)
-                return
-            mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
-            if str(mode).lower() != "wal":
-                logger.warning("metadata store %s: journal_mode is %s, not WAL", self.path, mode)
-            with self._exclusive():
-                version = schema.stored_version(conn)
-                if version is not None and version != schema.SCHEMA_VERSION:
-                    raise migration.format_error(self.path, version)
-                try:
-                    conn.executescript(
-                        "BEGIN IMMEDIATE;"
-                        + schema.DDL
-                        + "INSERT OR IGNORE INTO store_info VALUES ('schema_version', "
-                        + f"'{schema.SCHEMA_VERSION}');"
-                    )
-                    for statement in schema.LATE_INDEXES:
-                        conn.execute(statement)
-                    conn.execute("COMMIT")
-                except BaseException:
-                    if conn.in_transaction:
-                        conn.execute("ROLLBACK")
-                    raise
+        self._start_checkpointer()
 
     # --- capacity ----------------------------------------------------------------------
 
@@ -389,134 +233,6 @@ class MetadataStore(StoreCore):
                 done, refused = self._punch(marked)
                 room.settle_give_back(conn, done, refused)
 
-    @contextmanager
-    def _unavailable_on_busy(self) -> Iterator[None]:
-        try:
-            yield
-        except sqlite3.OperationalError as exc:
-            code = (getattr(exc, "sqlite_errorcode", None) or 0) & 0xFF  # the primary code
-            if code in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED):
-                raise MetadataUnavailable(
-                    f"metadata store {self.path} stayed busy for {self.busy_timeout_s:g}s"
-                ) from None
-            if code in (sqlite3.SQLITE_READONLY, sqlite3.SQLITE_CANTOPEN):
-                raise _read_only_error(self.path) from None
-            if code in (sqlite3.SQLITE_FULL, sqlite3.SQLITE_IOERR):
-                raise MetadataUnavailable(
-                    f"metadata store {self.path} cannot be written: {exc}",
-                    hint="free space on its file system, or check that it is writable",
-                ) from None
-            raise
-
-    @contextmanager
-    def _exclusive(self) -> Iterator[None]:
-        """The writer lock of the database (all threads and processes), or unavailable."""
-        with self._lock().hold(self.busy_timeout_s) as got:
-            if not got:
-                raise MetadataUnavailable(
-                    f"metadata store {self.path}: another writer held it for "
-                    f"{self.busy_timeout_s:g}s"
-                )
-            yield
-
-    @contextmanager
-    def _write(self) -> Iterator[sqlite3.Connection]:
-        """One write transaction (BEGIN IMMEDIATE … COMMIT), counters flushed within."""
-        conn = self._conn()
-        with self._unavailable_on_busy(), self._exclusive():
-            conn.execute("BEGIN IMMEDIATE")
-            try:
-                yield conn
-                self._flush_counters(conn)
-                conn.execute("COMMIT")
-            except BaseException:
-                conn.execute("ROLLBACK")
-                raise
-
-    @contextmanager
-    def _read(self) -> Iterator[sqlite3.Connection]:
-        """One read transaction on a consistent snapshot."""
-        conn = self._conn()
-        with self._unavailable_on_busy():
-            conn.execute("BEGIN")
-            try:
-                yield conn
-            finally:
-                conn.execute("COMMIT")
-
-    def _flush_counters(self, conn: sqlite3.Connection) -> None:
-        with self._counters_lock:
-            counters, self._counters = self._counters, {}
-            self._last_flush = time.monotonic()
-        if counters:
-            now = time.time()
-            conn.executemany(
-                "UPDATE namespaces SET lookups = lookups + ?, lookup_keys = lookup_keys + ?,"
-                " hit_keys = hit_keys + ?, last_used = MAX(last_used, ?) WHERE id = ?",
-                [(c[0], c[1], c[2], now, ns) for ns, c in counters.items()],
-            )
-
-    def flush(self) -> None:
-        """Write the in-memory lookup counters now (a read-only store drops them)."""
-        if self.read_only:
-            self._counters = {}
-        elif self._counters:
-            with self._write():
-                pass
-
-    def close(self, *, truncate_wal: bool = False) -> None:
-        """Flush counters and close every connection this store opened.
-
-        Args:
-            truncate_wal: first copy the whole WAL into the database and truncate it to
-                zero bytes (`wal_checkpoint(TRUNCATE)`), for a server shutting down: the
-                database file alone is then complete. Waits at most a second for other
-                processes' readers; if they still hold it, the WAL is left to them.
-        """
-        try:
-            self.flush()
-        except MetadataUnavailable:
-            logger.warning("metadata store %s: lookup counters not flushed (busy)", self.path)
-        if self._checkpointer is not None:
-            self._checkpointer.stop()
-        if truncate_wal:
-            self.checkpoint_wal()
-        self._close_connections()
-
-    def checkpoint_wal(self, busy_timeout_s: float = 1.0) -> bool:
-        """Checkpoint the whole WAL and truncate it; True when it is empty afterwards."""
-        conn = self._conn()
-        conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_s * 1000)}")
-        try:
-            busy, _, _ = conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
-        except sqlite3.Error as exc:
-            busy, reason = 1, str(exc)
-        else:
-            reason = "readers of other processes still use it"
-        finally:
-            conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout_s * 1000)}")
-        if busy:
-            logger.warning("metadata store %s: WAL not truncated (%s)", self.path, reason)
-        return not busy
-
-    def _close_connections(self) -> None:
-        with self._connections_lock:
-            for conn in self._connections:
-                conn.close()
-            self._connections.clear()
-        self._local = threading.local()
-        if self._writer is not None:
-            self._writer.close()
-
-    def backup(
-        self, out: str | os.PathLike[str], *, progress: Progress | None = None
-    ) -> BackupResult:
-        """Write a consistent copy of the store, as of now, to the new file `out`, online
-        (writers keep writing; `meta/backup.py`)."""
-        return backup_database(
-            self.path, out, progress=progress, busy_timeout_s=self.busy_timeout_s
-        )
-
     # --- namespaces --------------------------------------------------------------------
 
     def _register_namespace(
@@ -567,37 +283,8 @@ class MetadataStore(StoreCore):
         with self._read() as conn:
             num_ranks = self._ranks_of(conn, namespace)
             hits = self._index.leading_hits(conn, namespace, keys, num_ranks)
-        with self._counters_lock:
-            counter = self._counters.setdefault(namespace, [0, 0, 0])
-            counter[0] += 1
-            counter[1] += len(keys)
-            counter[2] += hits
-            due = time.monotonic() - self._last_flush > _FLUSH_INTERVAL_S
-        if due:
-            self._flush_if_free()
+        self._count_lookup(namespace, len(keys), hits)
         return hits
-
-    def _flush_if_free(self) -> None:
-        """Write the lookup counters if no writer holds the database now; never waits.
-
-        A lookup must not wait for writers (the server answers lookups on its event loop):
-        when the lock is taken the counters stay in memory for the next write.
-        """
-        if self._writer is None:
-            return
-        with self._writer.try_hold() as got:
-            if not got:
-                return
-            conn = self._conn()
-            try:
-                conn.execute("BEGIN IMMEDIATE")
-            except sqlite3.OperationalError:  # a writer outside our lock (sqlite3 shell)
-                return
-            try:
-                self._flush_counters(conn)
-                conn.execute("COMMIT")
-            except sqlite3.Error:
-                conn.execute("ROLLBACK")
 
     def _locate(self, namespace: str, rank: int, keys: Sequence[str]) -> list[Location | None]:
         found = self._locate_rows(namespace, rank, keys)
@@ -887,11 +574,3 @@ class MetadataStore(StoreCore):
     def _changes(self, since: int, namespace: str | None, limit: int) -> ChangeLog:
         with self._read() as conn:
             return read_changes(conn, since, namespace, limit)
-
-    def check_integrity(self) -> list[str]:
-        """SQLite's own check of the file (`PRAGMA integrity_check`): B-trees, indexes,
-        page links. Empty when sound; reads every page, so it takes a while on a large
-        store (doctor runs it, not the hot path)."""
-        with self._read() as conn:
-            rows = [str(r[0]) for r in conn.execute("PRAGMA integrity_check")]
-        return [] if rows == ["ok"] else rows

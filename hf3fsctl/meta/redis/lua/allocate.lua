@@ -1,5 +1,5 @@
 -- allocate: pages for keys not yet stored on (ns, rank), making room under the store's
--- capacity and the namespace's quotas exactly as hf3fsctl/meta/capacity.py decides for
+-- capacity and the namespace's quotas exactly as hf3fsctl/meta/sqlite/capacity.py decides for
 -- SQLite (reclaim dead writers' pages, give back other files' free pages, evict LRU
 -- keys of any namespace down to the low watermark).
 -- ARGV: ns, rank, pending_timeout_s, high, low, can_punch (0/1), nquotas,
