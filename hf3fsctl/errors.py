@@ -36,6 +36,20 @@ class ConfigError(Hf3fsctlError):
     hint = "fix the key named above in the config file, the HF3FSCTL_* environment or the flag"
 
 
+class MissingExtra(ConfigError):
+    """A command needs an optional part of hf3fsctl that is not installed here: the
+    `server` extra (fastapi, uvicorn, prometheus-client) for `hf3fsctl serve`, the `redis`
+    extra (redis-py) for a `redis://` store. `extra` names it."""
+
+    def __init__(self, module: str, extra: str) -> None:
+        super().__init__(
+            f"this command needs {module}, which is not installed here: install hf3fsctl[{extra}]",
+            hint=f"pip install 'hf3fsctl[{extra}]'",
+        )
+        self.module = module
+        self.extra = extra
+
+
 class InvalidRequest(Hf3fsctlError):
     """A request (CLI argument, API body) is malformed or out of bounds."""
 

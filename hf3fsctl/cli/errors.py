@@ -11,7 +11,7 @@ Exit codes (also in `hf3fsctl --help`):
 | ---- | ------- |
 | 0 | success |
 | 1 | a check failed (`doctor`), or an unexpected error |
-| 2 | usage, configuration or invalid request (`ConfigError`, `InvalidRequest`) |
+| 2 | usage, configuration or invalid request (`ConfigError`, `InvalidRequest`), or an extra not installed (`MissingExtra`) |
 | 3 | not found (`NotFound`) |
 | 4 | namespace conflict (`NamespaceConflict`) |
 | 5 | storage error (`StorageError`) |
@@ -34,6 +34,7 @@ import typer
 
 from hf3fsctl.cli import output
 from hf3fsctl.errors import Hf3fsctlError
+from hf3fsctl.extras import missing_extra
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -78,6 +79,11 @@ def handle_errors(command: Callable[P, R]) -> Callable[P, R]:
             return command(*args, **kwargs)
         except Hf3fsctlError as exc:
             raise typer.Exit(report(exc)) from None
+        except ModuleNotFoundError as exc:  # an optional extra not installed: one line
+            missing = missing_extra(exc)
+            if missing is None:
+                raise
+            raise typer.Exit(report(missing)) from None
         except KeyboardInterrupt:
             output.info("interrupted")
             raise typer.Exit(EXIT_INTERRUPTED) from None
