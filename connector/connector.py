@@ -250,8 +250,7 @@ class Hf3fsctlConnector(KVConnectorBase_V1, SupportsHMA):
 
     def take_events(self) -> Iterable[KVCacheEvent]:
         """KV events of the shared store since the last step (connector/events.py)."""
-        events = self._scheduler.events
-        return events.take_events() if events is not None else ()
+        return self._scheduler.take_events()
 
     # --- stats ---------------------------------------------------------------------
 

@@ -5,7 +5,10 @@ Contract:
       on every rank of the namespace (what `lookup` counts as a hit), with the block
       hash, its parent, the block's token ids, the block size, the LoRA id and name and
       vLLM's per-block extra keys (cache salt, multimodal, prompt embeds), as vLLM's own
-      block-pool events carry them. Group 0 (the one KV group the connector saves).
+      block-pool events carry them, and the KV cache group: one `StoreEvents` follows
+      each stored group's namespace and stamps its events with the group's index
+      (`group_idx`), spec kind (`kv_cache_spec_kind`) and sliding window, as vLLM's own
+      hybrid-manager events do (a Mamba group announces its boundary-state blocks).
     * `BlockRemoved` for every committed key of the namespace that loses a rank, whoever
       removed it: this engine, `hf3fsctl evict`, another instance's eviction, an
       invalidation of a corrupt page. One removal per key until it is stored again.
@@ -100,7 +103,13 @@ class StoreEvents:
         block_size: int,
         medium: str,
         poll_s: float,
+        group_idx: int = 0,
+        spec_kind: str | None = None,
+        sliding_window: int | None = None,
     ) -> None:
+        self._group_idx = group_idx  # the KV cache group whose namespace this follows
+        self._spec_kind = spec_kind  # vLLM's KVCacheSpecKind value of that group
+        self._sliding_window = sliding_window  # its window (sliding-window groups)
         self._guard = guard
         self._namespace = namespace
         self._num_ranks = num_ranks
@@ -156,7 +165,9 @@ class StoreEvents:
                 medium=self._medium,
                 lora_name=p.lora_name,
                 extra_keys=to_event_extra_keys([p.extra_keys]),
-                group_idx=0,
+                group_idx=self._group_idx,
+                kv_cache_spec_kind=self._spec_kind,
+                kv_cache_spec_sliding_window=self._sliding_window,
             )
             for p in stored
         ]
@@ -165,7 +176,7 @@ class StoreEvents:
                 BlockRemoved(
                     block_hashes=[maybe_convert_block_hash(BlockHash(h)) for h in removed],
                     medium=self._medium,
-                    group_idx=0,
+                    group_idx=self._group_idx,
                 )
             )
         return events

@@ -34,7 +34,7 @@ from hf3fsctl.config import Config
 from hf3fsctl.errors import MetadataUnavailable
 from hf3fsctl.health import ConnectorHealth
 from hf3fsctl.keys import NamespaceManifest, block_keys
-from hf3fsctl.kv_groups import FULL, MAMBA, GroupPlan, longest_hit
+from hf3fsctl.kv_groups import FULL, MAMBA, SLIDING, GroupPlan, longest_hit
 
 from .events import StoreEvents, block_payloads
 from .metadata import Hf3fsctlConnectorMetadata, LoadJob, RequestState, SaveJob
@@ -53,6 +53,8 @@ LOOKUP_THREADS = 4
 # vLLM's BlockPool takes block 0 as its null block: the placeholder a sliding-window or
 # Mamba group's block table holds where vLLM keeps no KV (never saved, never loaded).
 NULL_BLOCK_ID = 0
+# Our group kinds as vLLM's `KVCacheSpecKind` values (what its KV events carry).
+_SPEC_KINDS = {FULL: "full_attention", SLIDING: "sliding_window", MAMBA: "mamba"}
 
 
 def _runs(positions: list[int]) -> list[list[int]]:
@@ -101,19 +103,31 @@ class SchedulerSide:
         # What is left of this scheduler step's `lookup_wait_ms` (reset per step).
         self._step_wait_left = config.connector.lookup_wait_ms / 1000.0
         self._storage_ok = True
-        # KV events for routers (vLLM's --kv-events-config): see connector/events.py.
-        self.events = (
-            StoreEvents(
-                guard,
-                self.namespace,
-                num_ranks=manifest.num_ranks,
-                block_size=self.block_size,
-                medium=config.connector.kv_events_medium,
-                poll_s=config.connector.kv_events_poll_s,
-            )
+        # KV events for routers (vLLM's --kv-events-config): see connector/events.py;
+        # one follower per stored group's namespace.
+        self.group_events: dict[int, StoreEvents] = (
+            {
+                plan.index: StoreEvents(
+                    guard,
+                    plan.namespace,
+                    num_ranks=manifest.num_ranks,
+                    block_size=self.block_size,
+                    medium=config.connector.kv_events_medium,
+                    poll_s=config.connector.kv_events_poll_s,
+                    group_idx=plan.index,
+                    spec_kind=_SPEC_KINDS.get(plan.kind) if self.hybrid else None,
+                    sliding_window=plan.window_tokens or None,
+                )
+                for plan in self.groups
+            }
             if kv_events
-            else None
+            else {}
         )
+        self.events = next(iter(self.group_events.values()), None)
+
+    def take_events(self) -> list[Any]:
+        """Every group's queued KV events (`StoreEvents.take_events`)."""
+        return [event for events in self.group_events.values() for event in events.take_events()]
 
     def storage_available(self) -> bool:
         """Whether the storage root exists here (checked every `storage_retry_s`).
@@ -366,8 +380,12 @@ class SchedulerSide:
                 )
             ]
             saves.extend(jobs)
-            if self.events is not None:
-                self.events.record_saves(block_payloads(request, start, full, self.block_size))
+            for job in jobs:
+                events = self.group_events.get(job.group)
+                if events is not None:
+                    first = job.first_depth
+                    last = first + len(job.keys)
+                    events.record_saves(block_payloads(request, first, last, self.block_size))
             state.save_jobs += len(jobs)
         return saves
 
@@ -420,6 +438,6 @@ class SchedulerSide:
         Closing flushes an embedded store's lookup counters (`hf3fsctl stats` shows them).
         """
         self._pool.shutdown(wait=False, cancel_futures=True)
-        if self.events is not None:
-            self.events.close()
+        for events in self.group_events.values():
+            events.close()
         self.guard.close()

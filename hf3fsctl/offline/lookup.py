@@ -6,6 +6,10 @@ token is never loaded (vLLM must compute one token to sample from), and fewer th
 `connector.min_hit_blocks` hit blocks load nothing. In a fresh engine process nothing is
 in vLLM's own prefix cache, so the tokens this reports are the `num_cached_tokens` that
 run shows.
+
+A hybrid model's namespace stands for every group namespace of its engine
+(`offline.namespaces.hybrid_set`): the hit is the longest prefix every group can serve
+(`hf3fsctl.kv_groups.longest_hit`, the connector's rule), below the last prompt token.
 """
 
 from __future__ import annotations
@@ -14,8 +18,10 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from hf3fsctl.kv_groups import GroupPlan, longest_hit
 from hf3fsctl.meta.client import MetadataClient
 from hf3fsctl.meta.models import NamespaceInfo
+from hf3fsctl.offline.namespaces import hybrid_set
 from hf3fsctl.prompt_keys import prompt_block_keys
 
 
@@ -44,6 +50,40 @@ def loadable_blocks(stored: int, tokens: int, block_size: int, min_hit_blocks: i
     return blocks if blocks >= max(1, min_hit_blocks) else 0
 
 
+class StoredPrefix:
+    """How many leading blocks of a prompt the namespace (all its groups) can serve."""
+
+    def __init__(self, client: MetadataClient, info: NamespaceInfo) -> None:
+        self.client = client
+        self.info = info
+        self.block_size = int(info.manifest["block_size"])
+        siblings = hybrid_set(client.namespaces(), info) if _is_hybrid(info) else [info]
+        self.hybrid = len(siblings) > 1 or _is_hybrid(info)
+        self.groups = [
+            GroupPlan.from_manifest(int(n.manifest["extra"].get("group", 0)), n.id, n.manifest)
+            for n in siblings
+        ]
+
+    def target(self, keys: Sequence[str], tokens: int) -> int:
+        """The most blocks a load of this prompt can cover (hybrid: below the last token)."""
+        if not self.hybrid:
+            return len(keys)
+        return min(len(keys), max(0, tokens - 1) // self.block_size)
+
+    def blocks(self, keys: Sequence[str], tokens: int) -> int:
+        """Leading blocks stored in every group (hybrid: the longest servable hit)."""
+        if not keys:
+            return 0
+        if not self.hybrid:
+            return self.client.lookup(self.info.id, keys)
+        limit = self.target(keys, tokens)
+        return longest_hit(self.groups, keys, limit, self.block_size, self.client.lookup)
+
+
+def _is_hybrid(info: NamespaceInfo) -> bool:
+    return "groups" in (info.manifest.get("extra") or {})
+
+
 def lookup_prompts(
     client: MetadataClient,
     info: NamespaceInfo | None,
@@ -54,12 +94,13 @@ def lookup_prompts(
     """Look up `(origin, token_ids)` prompts in a namespace (None: nothing is cached)."""
     out: list[PromptLookup] = []
     block_size = int(info.manifest["block_size"]) if info is not None else 0
+    stored_prefix = StoredPrefix(client, info) if info is not None else None
     for origin, ids in prompts:
-        if info is None:
+        if info is None or stored_prefix is None:
             out.append(PromptLookup(origin, len(ids), 0, 0, 0, None))
             continue
         keys = prompt_block_keys(info.manifest, ids)
-        stored = client.lookup(info.id, keys) if keys else 0
+        stored = stored_prefix.blocks(keys, len(ids))
         blocks = loadable_blocks(stored, len(ids), block_size, min_hit_blocks)
         out.append(PromptLookup(origin, len(ids), len(keys), stored, blocks * block_size, info.id))
     return out

@@ -8,6 +8,11 @@ by its content fingerprint — the same weights anywhere match; for a hub id, by
 and optionally the KV dtype, block size and TP size. More than one match is
 `AmbiguousNamespace`, which lists the candidates so the operator can pick one with
 `--namespace`.
+
+A hybrid model (several KV cache groups: sliding window, Mamba state, …) registers one
+namespace per group; their manifests share the group-structure fingerprint
+(`extra.groups`) and the engine's identity. Such a set counts as one match, named by its
+first group's namespace; `hybrid_set` returns all of it.
 """
 
 from __future__ import annotations
@@ -94,14 +99,61 @@ def matches(info: NamespaceInfo, query: NamespaceQuery, local_revision: str | No
     return not (query.tp_size and manifest.get("tp_size") != query.tp_size)
 
 
+# Manifest fields every namespace of one hybrid engine shares (the rest are per group).
+_ENGINE_FIELDS = (
+    "model",
+    "revision",
+    "block_size",
+    "layout",
+    "backend",
+    "tp_size",
+    "pp_size",
+    "hash_algorithm",
+    "none_hash",
+    "format_version",
+)
+
+
+def _engine_key(info: NamespaceInfo) -> tuple[object, ...] | None:
+    """What identifies the hybrid engine that wrote `info` (None: not a group namespace)."""
+    extra = info.manifest.get("extra") or {}
+    if "groups" not in extra:
+        return None
+    engine = tuple(info.manifest.get(name) for name in _ENGINE_FIELDS)
+    return (extra["groups"], extra.get("cache_dtype"), *engine)
+
+
+def _group_index(info: NamespaceInfo) -> int:
+    return int((info.manifest.get("extra") or {}).get("group", 0))
+
+
+def hybrid_set(namespaces: Sequence[NamespaceInfo], info: NamespaceInfo) -> list[NamespaceInfo]:
+    """Every namespace of the engine that wrote `info`, by group index ([info] if single)."""
+    key = _engine_key(info)
+    if key is None:
+        return [info]
+    siblings = {n.id: n for n in namespaces if _engine_key(n) == key}
+    siblings[info.id] = info
+    return sorted(siblings.values(), key=_group_index)
+
+
 def find_namespaces(
     namespaces: Sequence[NamespaceInfo], query: NamespaceQuery
 ) -> list[NamespaceInfo]:
-    """Every registered namespace that fits `query`, newest first."""
+    """Every registered namespace that fits `query`, newest first (a hybrid set once)."""
     local = Path(query.model).expanduser()
     revision = model_revision(local) if local.is_dir() else None
     found = [info for info in namespaces if matches(info, query, revision)]
-    return sorted(found, key=lambda info: info.created, reverse=True)
+    seen: set[tuple[object, ...]] = set()
+    collapsed = []
+    for info in sorted(found, key=_group_index):
+        key = _engine_key(info)
+        if key is not None:
+            if key in seen:
+                continue
+            seen.add(key)
+        collapsed.append(info)
+    return sorted(collapsed, key=lambda info: info.created, reverse=True)
 
 
 def resolve_namespace(

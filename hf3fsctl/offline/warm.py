@@ -36,7 +36,12 @@ from typing import Any
 from hf3fsctl.errors import InvalidRequest
 from hf3fsctl.meta.client import MetadataClient
 from hf3fsctl.meta.models import NamespaceInfo
-from hf3fsctl.offline.namespaces import NamespaceQuery, kv_dtype_name, resolve_namespace
+from hf3fsctl.offline.namespaces import (
+    NamespaceQuery,
+    hybrid_set,
+    kv_dtype_name,
+    resolve_namespace,
+)
 from hf3fsctl.offline.prompts import Problem, Prompt, token_ids
 from hf3fsctl.prompt_keys import prompt_block_keys
 from hf3fsctl.storage.layout import slot_bytes
@@ -229,7 +234,11 @@ def plan_warm(
     if info is not None:
         manifest = info.manifest
         block_size = int(manifest["block_size"])
-        block_bytes = slot_bytes(int(manifest["page_bytes"])) * info.num_ranks
+        # A hybrid model stores a page of every group per block.
+        block_bytes = sum(
+            slot_bytes(int(n.manifest["page_bytes"])) * n.num_ranks
+            for n in hybrid_set(client.namespaces(), info)
+        )
     else:
         from hf3fsctl.keys import none_hash
 
@@ -271,12 +280,17 @@ def plan_warm(
 
 
 def mark_stored(client: MetadataClient, info: NamespaceInfo, items: Sequence[WarmItem]) -> None:
-    """Look every item up in `info`; fully stored ones become `cached`."""
+    """Look every item up in `info` (every group of a hybrid model); fully stored ones
+    become `cached`."""
+    from hf3fsctl.offline.lookup import StoredPrefix
+
+    stored = StoredPrefix(client, info)
     for item in items:
         if item.status in ("too_long", "short"):
             continue
-        item.stored_blocks = client.lookup(info.id, item.keys) if item.keys else 0
-        item.status = "cached" if item.stored_blocks >= len(item.keys) else "todo"
+        item.stored_blocks = stored.blocks(item.keys, item.tokens)
+        done = item.stored_blocks >= stored.target(item.keys, item.tokens)
+        item.status = "cached" if done else "todo"
 
 
 @dataclass
@@ -353,14 +367,18 @@ def _connector_totals() -> dict[str, float]:
     return dict(process_totals())
 
 
-def _engine_namespace() -> str | None:
-    """The namespace the in-process connector registered (None with worker processes)."""
+def _engine_namespace(client: MetadataClient) -> str | None:
+    """The namespace the in-process connector registered (None with worker processes);
+    of a hybrid model's group namespaces, its first group's."""
     try:
         from hf3fsctl_connector.worker import live_namespaces
     except ImportError:
         return None
     names = live_namespaces()
-    return names.pop() if len(names) == 1 else None
+    if len(names) <= 1:
+        return names.pop() if names else None
+    infos = [client.get_namespace(name) for name in sorted(names)]
+    return min(infos, key=lambda n: int((n.manifest.get("extra") or {}).get("group", 0))).id
 
 
 def _chunks(items: Sequence[WarmItem]) -> list[list[WarmItem]]:
@@ -413,7 +431,7 @@ def run_warm(
     engine_start = time.monotonic() - started
     todo = plan.by_status("todo")
     skipped = 0
-    namespace = _engine_namespace()
+    namespace = _engine_namespace(client)
     if namespace is not None and (plan.namespace is None or plan.namespace.id != namespace):
         info = client.get_namespace(namespace)
         mark_stored(client, info, todo)
