@@ -307,16 +307,44 @@ def test_a_serve_command_is_started_on_loopback_and_stopped(tmp_path: Path) -> N
 # --- links and the docs index ------------------------------------------------------------
 
 
-def test_relative_links_name_files_of_the_repository() -> None:
+def broken_links(pages: list[Path], root: Path = ROOT) -> list[str]:
+    """Relative links of `pages` to a file that does not exist, or to a heading (or
+    `<a id>`) a Markdown file does not have."""
     broken = []
-    for page in doc_commands.pages():
-        for link in doc_commands.links(page):
-            target = link.target.split("#", 1)[0]
-            if not target or re.match(r"^[a-z][a-z0-9+.-]*:", target):
-                continue  # an anchor of the page itself, or a URL
-            if not (ROOT / page).parent.joinpath(target).exists():
-                broken.append(f"{link.page}:{link.line}: {link.target}")
-    assert not broken, "links to files that do not exist:\n" + "\n".join(broken)
+    for page in pages:
+        for link in doc_commands.links(page, root):
+            if re.match(r"^[a-z][a-z0-9+.-]*:", link.target):
+                continue  # a URL
+            target, _, fragment = link.target.partition("#")
+            path = (root / page).parent.joinpath(target) if target else root / page
+            if not path.exists():
+                broken.append(f"{link.page}:{link.line}: {link.target} (no such file)")
+            elif (
+                fragment
+                and path.suffix == ".md"
+                and fragment
+                not in doc_commands.anchors(path.resolve().relative_to(root.resolve()), root)
+            ):
+                broken.append(f"{link.page}:{link.line}: {link.target} (no such heading)")
+    return broken
+
+
+def test_relative_links_name_files_and_headings_of_the_repository() -> None:
+    broken = broken_links(doc_commands.pages())
+    assert not broken, "links to nothing:\n" + "\n".join(broken)
+
+
+def test_the_link_check_finds_a_missing_file_and_a_missing_heading(tmp_path: Path) -> None:
+    page = write_page(
+        tmp_path,
+        '# Quick start\n\n## `hf3fsctl warm`, again\n\n<a id="decision-5"></a>\n'
+        "[a](#quick-start) [b](#hf3fsctl-warm-again) [c](page.md#decision-5) "
+        "[d](https://example.com/x.md) [e](gone.md) [f](#nowhere)\n",
+    )
+    assert broken_links([page], tmp_path) == [
+        "page.md:6: gone.md (no such file)",
+        "page.md:6: #nowhere (no such heading)",
+    ]
 
 
 def test_the_docs_index_lists_every_docs_page() -> None:

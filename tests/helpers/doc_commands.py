@@ -165,9 +165,36 @@ def links(page: Path, root: Path = ROOT) -> list[Link]:
             target = child.attrGet("href") if child.type == "link_open" else None
             if child.type == "image":
                 target = child.attrGet("src")
-            if isinstance(target, str):
-                line = token.map[0] + 1 if token.map else 0
-                found.append(Link(str(page), line, target))
+            if isinstance(target, str) and token.map is not None:
+                lines = token.content.splitlines()
+                at = next((i for i, text in enumerate(lines) if target in text), 0)
+                found.append(Link(str(page), token.map[0] + 1 + at, target))
+    return found
+
+
+_HTML_ID = re.compile(r"""<a\s+(?:id|name)=["']([^"']+)["']""")
+
+
+def anchors(page: Path, root: Path = ROOT) -> set[str]:
+    """The fragments a link may name in `page`: GitHub's heading slugs (lower case,
+    punctuation dropped, spaces as hyphens, `-1`, `-2`… for repeats) and `<a id=…>`."""
+    tokens = MarkdownIt("commonmark").parse((root / page).read_text())
+    found: set[str] = set()
+    for index, token in enumerate(tokens):
+        if token.type in ("html_block", "inline"):
+            found.update(_HTML_ID.findall(token.content))
+        if token.type != "heading_open":
+            continue
+        inline = tokens[index + 1]
+        text = "".join(
+            c.content for c in inline.children or () if c.type in ("text", "code_inline")
+        )
+        slug = re.sub(r"[^\w\- ]", "", text.strip().lower()).replace(" ", "-")
+        unique, repeat = slug, 0
+        while unique in found:
+            repeat += 1
+            unique = f"{slug}-{repeat}"
+        found.add(unique)
     return found
 
 
