@@ -43,6 +43,8 @@ def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]
     redis: str | None = None
     if kind == "redis":
         redis = request.getfixturevalue("redis_url")
+    if kind == "http-stock":
+        request.getfixturevalue("monkeypatch").setenv("HF3FSCTL_HTTP_FAST_PATH", "0")
     made = Backend(kind, tmp_path, redis)
     try:
         yield made

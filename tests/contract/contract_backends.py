@@ -20,7 +20,9 @@ from hf3fsctl.config import Config, load_config
 from hf3fsctl.meta.client import MetadataClient, connect
 
 DEFAULT_BACKENDS = ("sqlite", "redis")
-ALL_BACKENDS = ("sqlite", "redis", "http")
+# http-stock: the same server, every call over stock httpx (the client's fallback when its
+# hand-tuned transport is off: HF3FSCTL_HTTP_FAST_PATH=0).
+ALL_BACKENDS = ("sqlite", "redis", "http", "http-stock")
 # Where the Redis store lives (a module or a package); the `redis` parameter skips only
 # while neither is in the tree.
 
@@ -103,6 +105,7 @@ class Backend:
             "sqlite": f"sqlite:///{self.directory / 'meta.db'}",
             "redis": self.redis,
             "http": "http://127.0.0.1:1",  # replaced below by the server's address
+            "http-stock": "http://127.0.0.1:1",
         }[self.kind]
         lines = [
             "storage:",
@@ -121,7 +124,7 @@ class Backend:
         config_file = self.directory / "hf3fs.yaml"
         config_file.write_text("\n".join(lines) + "\n")
         config = load_config(config_file, environ={})
-        if self.kind == "http":
+        if self.kind.startswith("http"):
             config = self._serve(config)
         self.config = config
         return self.connect()

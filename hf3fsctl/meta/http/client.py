@@ -1,16 +1,13 @@
 """`HttpMetadataClient`: the `MetadataClient` for `http(s)://HOST:PORT` (`hf3fsctl serve`).
 
-- Transports (`meta/http_transport.py`): maintained libraries only, no HTTP parsed here.
-  The connector's hot calls (lookup, locate, allocate, commit, release, invalidate) go
-  over stdlib `http.client`, one keep-alive connection per calling thread (thread-safe
-  without a pool lock). Every other call (registration, admin, the CLI and the bench)
-  goes over one `httpx.Client`, whose pool the threads share. Why two: httpx costs
+- Transports, behind one seam (`meta/http/transport.py`, `Transport.send`): the
+  connector's hot calls (lookup, locate, allocate, commit, release, invalidate) go over
+  the hand-tuned `KeepAliveTransport` (stdlib `http.client`, one keep-alive connection
+  per calling thread); every other call (registration, admin, the CLI and the bench)
+  over the stock `HttpxTransport` (one `httpx.Client`). `fast_path=False` (or
+  `HF3FSCTL_HTTP_FAST_PATH=0`) sends the hot calls over httpx too. Why two: httpx costs
   ~0.2 ms more CPU per call than `http.client` (3x) and adds ~0.2 ms to a ~0.3 ms lookup
-  round trip (table below); on the hot path that CPU is taken under the GIL of vLLM's
-  scheduler and workers, on every request. A hot connection the server closed while
-  idle is noticed before it is reused (the socket reads as EOF) and replaced, so even
-  calls that are never retried do not fail on a stale connection (httpcore's pool does
-  the same for the others).
+  round trip (table below), under the GIL of vLLM's scheduler and workers.
 - A deadline per call: `timeout_s` bounds the whole call (connect, TLS handshake, send,
   receive, the retries and their back-off). Each socket operation's timeout is the time
   left, so a server that trickles bytes cannot stretch a call past it.
@@ -23,7 +20,7 @@
   errors, timeouts and 5xx, while the deadline allows. allocate/commit/release/evict/
   drop_namespaces are sent once: a lost answer is a `MetadataUnavailable`, never a
   silent second allocation.
-- Errors: connection failures, timeouts and 5xx → `MetadataUnavailable`; 401/403 →
+- Errors, mapped in one place (`_call`): connection failures, timeouts and 5xx → `MetadataUnavailable`; 401/403 →
   `AuthError`; other 4xx → the server's typed error (`ErrorResponse.error`) with its
   reason, else by status: 404 `NotFound`, 409 `NamespaceConflict`, others
   `InvalidRequest`.
@@ -51,17 +48,14 @@ allocate's wall is mostly the server's SQLite transaction.
 
 from __future__ import annotations
 
-import http.client
 import json
 import logging
 import ssl
-import threading
 import time
 from collections.abc import Sequence
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
-import httpx
 from pydantic import BaseModel, TypeAdapter
 
 from hf3fsctl.errors import (
@@ -73,7 +67,13 @@ from hf3fsctl.errors import (
     NamespaceConflict,
     NotFound,
 )
-from hf3fsctl.meta.http.transport import DeadlineHTTPConnection, DeadlineTransport, tls_context
+from hf3fsctl.meta.http.transport import (
+    TRANSPORT_ERRORS,
+    HttpxTransport,
+    KeepAliveTransport,
+    Transport,
+    fast_path_default,
+)
 from hf3fsctl.meta.models import (
     AllocateResult,
     Allocation,
@@ -111,9 +111,6 @@ _ERRORS: dict[str, type[Hf3fsctlError]] = {
 # When the body names no error: the status decides.
 _STATUS_ERRORS: dict[int, type[Hf3fsctlError]] = {404: NotFound, 409: NamespaceConflict}
 _BACKOFF_S = (0.05, 0.2)
-# What a transport raises for a call that got no HTTP answer (an OSError includes
-# TimeoutError and ssl.SSLError; http.client.HTTPException a malformed or cut answer).
-_TRANSPORT_ERRORS = (OSError, http.client.HTTPException, httpx.RequestError)
 _NAMESPACES = TypeAdapter(list[NamespaceInfo])
 _ENTRIES = TypeAdapter(list[EntryInfo])
 _PINS = TypeAdapter(list[PinInfo])
@@ -157,6 +154,8 @@ class HttpMetadataClient:
         token: bearer token, when the server requires one.
         ca_file: PEM file of the CA(s) that sign the server's certificate, for https://
             URLs (`metadata.ca_file`); None: the system's trust store.
+        fast_path: the hot calls over the hand-tuned `KeepAliveTransport` (default: on,
+            unless `HF3FSCTL_HTTP_FAST_PATH=0`); False sends them over stock httpx.
     """
 
     def __init__(
@@ -166,6 +165,7 @@ class HttpMetadataClient:
         timeout_s: float = 2.0,
         token: str | None = None,
         ca_file: str | None = None,
+        fast_path: bool | None = None,
     ) -> None:
         self.url = url.rstrip("/")
         self.timeout_s = timeout_s
@@ -173,74 +173,22 @@ class HttpMetadataClient:
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ConfigError(f"metadata.url: {url!r} is not http(s)://HOST:PORT")
         https = parts.scheme == "https"
-        self._host = parts.hostname
-        self._port = parts.port or (443 if https else 80)
-        self._prefix = parts.path
-        self._headers = {"content-type": "application/json", "accept": "application/json"}
+        headers = {"content-type": "application/json", "accept": "application/json"}
         if token:
-            self._headers["authorization"] = f"Bearer {token}"
-        # Two contexts: the hot one wraps deadline sockets, httpx's wraps plain ones.
-        self._hot_tls = tls_context(ca_file, deadline_sockets=True) if https else None
-        self._httpx_tls = tls_context(ca_file) if https else None
-        self._local = threading.local()
-        self._open: set[DeadlineHTTPConnection] = set()
-        self._lock = threading.Lock()
-        self._httpx: httpx.Client | None = None
+            headers["authorization"] = f"Bearer {token}"
+        self._rest: Transport = HttpxTransport(self.url, headers, tls=https, ca_file=ca_file)
+        self._hot: Transport = self._rest
+        if fast_path_default() if fast_path is None else fast_path:
+            self._hot = KeepAliveTransport(
+                parts.hostname,
+                parts.port or (443 if https else 80),
+                parts.path,
+                headers,
+                tls=https,
+                ca_file=ca_file,
+            )
 
-    # --- transport ---------------------------------------------------------------------
-
-    def _connection(self) -> DeadlineHTTPConnection:
-        """This thread's hot connection (reconnected if the server closed it while idle)."""
-        conn: DeadlineHTTPConnection | None = getattr(self._local, "conn", None)
-        if conn is None:
-            conn = DeadlineHTTPConnection(self._host, self._port, tls=self._hot_tls)
-            self._local.conn = conn
-            with self._lock:
-                self._open.add(conn)
-        elif conn.is_stale():
-            conn.close()
-        return conn
-
-    def _drop_connection(self) -> None:
-        conn: DeadlineHTTPConnection | None = getattr(self._local, "conn", None)
-        if conn is not None:
-            conn.close()
-            self._local.conn = None
-            with self._lock:
-                self._open.discard(conn)
-
-    def _client(self) -> httpx.Client:
-        """The httpx client of the other calls (one pool for every thread), made on first use."""
-        with self._lock:
-            if self._httpx is None:
-                self._httpx = httpx.Client(
-                    headers=self._headers,
-                    transport=DeadlineTransport(tls=self._httpx_tls),
-                    trust_env=False,  # no proxy from the environment, as on the hot path
-                )
-            return self._httpx
-
-    def _send(
-        self,
-        method: str,
-        path: str,
-        content: bytes | None,
-        params: dict[str, Any] | None,
-        hot: bool,
-        deadline: float,
-    ) -> tuple[int, bytes]:
-        if hot:
-            target = self._prefix + path
-            return self._connection().exchange(method, target, self._headers, content, deadline)
-        response = self._client().request(
-            method,
-            self.url + path,
-            content=content,
-            params=params,
-            timeout=max(deadline - time.monotonic(), 0.001),
-            extensions={"deadline": deadline},
-        )
-        return response.status_code, response.content
+    # --- the one error-mapping point ---------------------------------------------------
 
     def _call(
         self,
@@ -254,8 +202,10 @@ class HttpMetadataClient:
     ) -> bytes:
         """One call within `timeout_s`, retried (idempotent only) with `_BACKOFF_S`.
 
-        `hot`: over this thread's `http.client` connection, else over httpx.
+        `hot`: over the hot transport (the fast path, unless it is off), else over
+        httpx. Every typed error of this client is decided here.
         """
+        transport = self._hot if hot else self._rest
         content = None if body is None else body.encode()
         deadline = time.monotonic() + self.timeout_s
         attempt = 0
@@ -264,10 +214,9 @@ class HttpMetadataClient:
                 failure = "the call's deadline passed before it was sent"
                 break
             try:
-                status, data = self._send(method, path, content, params, hot, deadline)
-            except _TRANSPORT_ERRORS as exc:
-                if hot:
-                    self._drop_connection()
+                status, data = transport.send(method, path, content, params, deadline)
+            except TRANSPORT_ERRORS as exc:
+                transport.reset()
                 untrusted = _certificate_error(exc)
                 if untrusted is not None:  # the same answer every time: not retried
                     raise MetadataUnavailable(
@@ -482,11 +431,6 @@ class HttpMetadataClient:
 
     def close(self) -> None:
         """Close the connections of every thread."""
-        with self._lock:
-            connections, self._open = self._open, set()
-            client, self._httpx = self._httpx, None
-        for conn in connections:
-            conn.close()
-        if client is not None:
-            client.close()
-        self._local = threading.local()
+        self._hot.close()
+        if self._rest is not self._hot:
+            self._rest.close()
