@@ -1,5 +1,7 @@
 """Every shell command in README.md, docs/*.md and deploy/**/*.md runs here, or its page
-says why not; and every relative link of those pages names a file of the repository.
+says why not; every relative link of those pages names a file (and heading) of the
+repository; every `hf3fsctl COMMAND --flag` they write in code (spans, fences, the
+README's CLI block) is one the CLI has, and the CLI block lists them all.
 
 How a page's commands run (one test per page, in the page's order):
 
@@ -45,6 +47,7 @@ import urllib.request
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 from helpers import doc_commands
@@ -302,6 +305,82 @@ def test_a_serve_command_is_started_on_loopback_and_stopped(tmp_path: Path) -> N
     run = run_page(page, tmp_path / "sandbox", root=tmp_path)
     assert (run.ran, run.failures) == (4, [])
     assert [s.process.returncode for s in run.services] == [0]
+
+
+# --- hf3fsctl's commands and flags as the docs write them ------------------------------
+
+
+def cli_tree() -> Any:
+    """The CLI's click command tree (Typer's), read in process: commands and their flags."""
+    import typer
+
+    from hf3fsctl.cli.main import app
+
+    return typer.main.get_command(app)
+
+
+def flags_of(command: Any) -> dict[str, str]:
+    """Every spelling of every option of `command` -> the option's name."""
+    return {o: p.name for p in command.params for o in (*p.opts, *p.secondary_opts)}
+
+
+def wrong_cli_mentions(pages: list[Path], root: Path = ROOT) -> list[str]:
+    tree = cli_tree()
+    common = flags_of(tree) | {"--help": "help", "-h": "help"}
+    wrong = []
+    for page in pages:
+        for mention in doc_commands.cli_mentions(page, root):
+            command, words = tree, []
+            for word in mention.command:
+                if word not in getattr(command, "commands", {}):
+                    break
+                command, words = command.commands[word], [*words, word]
+            where = f"{mention.page}:{mention.line}: hf3fsctl {' '.join(mention.command)}"
+            if not words or (hasattr(command, "commands") and mention.flags):
+                wrong.append(f"{where}: no such command")
+                continue
+            unknown = [f for f in mention.flags if f not in flags_of(command) | common]
+            if unknown:
+                wrong.append(f"{where}: no option {', '.join(unknown)}")
+    return wrong
+
+
+def test_every_hf3fsctl_command_and_flag_the_docs_write_exists() -> None:
+    wrong = wrong_cli_mentions(doc_commands.pages())
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_cli_synopsis_lists_every_command_and_option() -> None:
+    """README's "The CLI" block: every command, each with all its options (bench's
+    subcommands say `[...]`: their options are in their --help)."""
+    tree = cli_tree()
+    listed: dict[tuple[str, ...], set[str]] = {}
+    for mention in doc_commands.cli_mentions(Path("README.md")):
+        listed.setdefault(mention.command, set()).update(mention.flags)
+    missing = []
+    for name, command in tree.commands.items():
+        if hasattr(command, "commands"):
+            missing += [f"{name} {sub}" for sub in command.commands if (name, sub) not in listed]
+            continue
+        spelled = flags_of(command)
+        given = {spelled[f] for f in listed.get((name,), set()) if f in spelled}
+        options = {p.name for p in command.params if p.param_type_name == "option"}
+        for option in sorted(options - given - {"verbose", "config", "help"}):
+            missing.append(f"{name} {option}")
+    assert not missing, "the README's CLI block leaves out: " + ", ".join(missing)
+
+
+def test_the_flag_check_finds_an_unknown_command_and_flag(tmp_path: Path) -> None:
+    page = write_page(
+        tmp_path,
+        "Run `hf3fsctl stats --json` or `hf3fsctl --config F evict --stale -y`.\n\n"
+        "```bash\nhf3fsctl doctor --checksums \\\n  --all-pages --bogus   # --also-bogus\n"
+        "hf3fsctl statz\n```\n",
+    )
+    assert wrong_cli_mentions([page], tmp_path) == [
+        "page.md:4: hf3fsctl doctor: no option --bogus",
+        "page.md:6: hf3fsctl statz: no such command",
+    ]
 
 
 # --- links and the docs index ------------------------------------------------------------

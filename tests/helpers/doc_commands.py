@@ -172,6 +172,100 @@ def links(page: Path, root: Path = ROOT) -> list[Link]:
     return found
 
 
+@dataclass(frozen=True)
+class CliMention:
+    """`hf3fsctl COMMAND --flag…` written somewhere in a page (a code span, a fence line
+    or the CLI synopsis): the command's words and the flags given to it."""
+
+    page: str
+    line: int
+    command: tuple[str, ...]
+    flags: tuple[str, ...]
+
+
+_GLOBAL_WITH_VALUE = frozenset({"--config", "-c"})
+_FLAG = re.compile(r"^-{1,2}[a-zA-Z][\w-]*")
+_STOP = frozenset({"|", "||", "&&", ";", ")", "\\"})
+
+
+def _mention(words: list[str], page: str, line: int, synopsis: bool) -> CliMention | None:
+    """The command and flags of `words`, which start just after `hf3fsctl` (in a
+    synopsis, `|` separates alternatives instead of ending the command)."""
+    index = 0
+    while index < len(words) and words[index].startswith("-"):
+        index += 2 if words[index] in _GLOBAL_WITH_VALUE else 1
+    command: list[str] = []
+    while index < len(words) and re.fullmatch(r"[a-z][a-z0-9-]*", words[index]):
+        command.append(words[index])
+        index += 1
+        if command != ["bench"]:
+            break
+    if not command:
+        return None
+    flags: list[str] = []
+    for word in words[index:]:
+        if (word in _STOP and not (synopsis and word == "|")) or word.startswith("#"):
+            break
+        for part in word.strip("[](){}.,;'\"").split("|"):
+            if (match := _FLAG.match(part.strip("[]()"))) is not None:
+                flags.append(match[0])
+    return CliMention(page, line, tuple(command), tuple(flags))
+
+
+def _mentions_in(text: str, page: str, line: int, synopsis: bool = False) -> list[CliMention]:
+    words = text.replace("`", " ").split()
+    found = []
+    for index, word in enumerate(words):
+        if word != "hf3fsctl" and not word.endswith("/hf3fsctl"):
+            continue
+        mention = _mention(words[index + 1 :], page, line, synopsis)
+        # `sudo -u hf3fsctl hf3fsctl init`: the user's name, then the command
+        if mention is not None and mention.command != ("hf3fsctl",):
+            found.append(mention)
+    return found
+
+
+def cli_mentions(page: Path, root: Path = ROOT) -> list[CliMention]:
+    """Every `hf3fsctl COMMAND [flags]` a page writes in code: code spans, fenced lines
+    (continuations joined) and the README's synopsis block (`hf3fsctl [--config PATH]
+    COMMAND`, then one command per two-space-indented line)."""
+    tokens = MarkdownIt("commonmark").parse((root / page).read_text())
+    found: list[CliMention] = []
+    for token in tokens:
+        if token.map is None:
+            continue
+        if token.type == "inline":
+            for child in token.children or ():
+                if child.type == "code_inline":
+                    at = next(
+                        (i for i, t in enumerate(token.content.splitlines()) if child.content in t),
+                        0,
+                    )
+                    found += _mentions_in(child.content, str(page), token.map[0] + 1 + at)
+        elif token.type == "fence":
+            lines = token.content.splitlines()
+            synopsis = bool(lines) and lines[0].startswith("hf3fsctl [--config PATH] COMMAND")
+            entry: list[str] = []
+            entry_line = token.map[0] + 2
+            for offset, text in enumerate([*lines, ""]):
+                number = token.map[0] + 2 + offset
+                if synopsis:
+                    if re.match(r"^  [a-z]", text) or not text.strip():
+                        if entry:
+                            joined = "hf3fsctl " + " ".join(entry)
+                            found += _mentions_in(joined, str(page), entry_line, synopsis=True)
+                        entry, entry_line = [text], number
+                    else:
+                        entry.append(text)
+                    continue
+                entry.append(re.sub(r"(^|\s)#.*$", "", text).rstrip("\\"))
+                if text.endswith("\\"):
+                    continue
+                found += _mentions_in(" ".join(entry), str(page), number - len(entry) + 1)
+                entry = []
+    return found
+
+
 _HTML_ID = re.compile(r"""<a\s+(?:id|name)=["']([^"']+)["']""")
 
 
