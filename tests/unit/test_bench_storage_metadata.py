@@ -217,6 +217,7 @@ def report_ops() -> list[str]:
     return ["ping", "lookup", "locate", "alloc_commit", "full_1ns", "full_8ns"]
 
 
+@pytest.mark.integration  # starts a real hf3fsctl serve
 def test_bench_metadata_against_the_server_it_starts(tmp_path: Path) -> None:
     args = _metadata_args(tmp_path, "--mode", "serve", "--clients", "2")
     document = json.loads(_invoke([*args, "--ops", "lookup,alloc_commit,full_8ns"]).stdout)
@@ -229,6 +230,7 @@ def test_bench_metadata_against_the_server_it_starts(tmp_path: Path) -> None:
     assert document["full_store"] == []  # 8 namespaces without 1: nothing to compare
 
 
+@pytest.mark.integration  # starts a real hf3fsctl serve
 def test_bench_metadata_measures_the_in_tree_server_and_redis_in_the_same_run(
     tmp_path: Path,
 ) -> None:
@@ -264,6 +266,7 @@ def test_bench_metadata_measures_the_in_tree_server_and_redis_in_the_same_run(
     assert "not measured in this run" not in text  # every cell here has its in-tree twin
 
 
+@pytest.mark.integration  # starts a real hf3fsctl serve
 def test_bench_metadata_against_a_running_server(tmp_path: Path) -> None:
     from helpers.servers import TOKEN, start_server
 

@@ -65,6 +65,7 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out / "_ops.so"
 
 
+@pytest.mark.slow  # compiles the CPU op once per session (`built`)
 def test_a_cached_library_is_reused_and_nothing_compiles(
     built: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -76,6 +77,7 @@ def test_a_cached_library_is_reused_and_nothing_compiles(
     assert built.stat().st_mtime_ns == before
 
 
+@pytest.mark.slow  # compiles the CPU op once per session (`built`)
 def test_force_rebuilds_and_a_failing_compiler_is_one_error(
     built: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -90,6 +92,7 @@ def test_force_rebuilds_and_a_failing_compiler_is_one_error(
     assert (out / "_ops.so").read_bytes() == built.read_bytes()  # the old one left intact
 
 
+@pytest.mark.slow  # compiles the CPU op once per session (`built`)
 def test_the_default_target_is_the_per_user_cache_that_staging_loads(
     built: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

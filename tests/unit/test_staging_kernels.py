@@ -23,6 +23,10 @@ from hf3fsctl.staging import (
     total_page_bytes,
 )
 
+# Every test here runs the compiled CPU op, built once per session (about 40 s on 2
+# cores): `slow`, so the quick tier (`make test-quick`) leaves them to `make test`.
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
 def compiled(tmp_path_factory: pytest.TempPathFactory) -> _CompiledOps:
