@@ -168,7 +168,7 @@ def serve(
     if server.log_format == "json":  # every line from here on is a JSON log record
         import logging
 
-        from hf3fsctl.meta.server_logs import configure
+        from hf3fsctl.meta.server.logs import configure
 
         configure("json", log_level)  # run_server adds the token to what is masked
         output.log_instead(logging.getLogger("hf3fsctl.serve"))
@@ -188,7 +188,7 @@ def serve(
     check_listen(server.host, server.port)
     from hf3fsctl.meta.client import metadata_token
     from hf3fsctl.meta.policy import StorePolicy
-    from hf3fsctl.meta.server import run_server
+    from hf3fsctl.meta.server.run import run_server
 
     md = cfg.metadata
     target = cfg.metadata_target

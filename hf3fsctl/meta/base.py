@@ -246,6 +246,13 @@ class StoreCore:
     def stats(self) -> StoreStats:
         raise NotImplementedError
 
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def shutdown(self) -> None:
+        """`close` at the end of a server's life."""
+        self.close()
+
     # --- capacity bookkeeping ---------------------------------------------------------
 
     def _default_capacity(self, held: int) -> int | None:

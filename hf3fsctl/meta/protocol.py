@@ -221,3 +221,8 @@ class Store(MetadataClient, SelfChecking, Protocol):
     def flush(self) -> None:
         """Write counters held in this process now."""
         ...
+
+    def shutdown(self) -> None:
+        """`close` at the end of a server's life (SQLite: the WAL checkpointed into the
+        database and truncated, so the file alone is complete)."""
+        ...

@@ -44,7 +44,9 @@ def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]
     if kind == "redis":
         redis = request.getfixturevalue("redis_url")
     if kind == "http-stock":
-        request.getfixturevalue("monkeypatch").setenv("HF3FSCTL_HTTP_FAST_PATH", "0")
+        monkeypatch = request.getfixturevalue("monkeypatch")
+        monkeypatch.setenv("HF3FSCTL_HTTP_FAST_PATH", "0")
+        monkeypatch.setenv("HF3FSCTL_SERVER_FAST_PATH", "0")
     made = Backend(kind, tmp_path, redis)
     try:
         yield made

@@ -20,8 +20,9 @@ from hf3fsctl.config import Config, load_config
 from hf3fsctl.meta.client import MetadataClient, connect
 
 DEFAULT_BACKENDS = ("sqlite", "redis")
-# http-stock: the same server, every call over stock httpx (the client's fallback when its
-# hand-tuned transport is off: HF3FSCTL_HTTP_FAST_PATH=0).
+# http-stock: the same service with both hand-tuned paths off — every call over stock
+# httpx (HF3FSCTL_HTTP_FAST_PATH=0), every route through FastAPI's own parsing and
+# dispatch (HF3FSCTL_SERVER_FAST_PATH=0): the fallbacks behave as the fast paths do.
 ALL_BACKENDS = ("sqlite", "redis", "http", "http-stock")
 # Where the Redis store lives (a module or a package); the `redis` parameter skips only
 # while neither is in the tree.
@@ -33,7 +34,7 @@ class InProcessServer:
     def __init__(self, store: Any) -> None:
         import uvicorn
 
-        from hf3fsctl.meta.server import create_app
+        from hf3fsctl.meta.server.app import create_app
 
         self.port = free_port()
         config = uvicorn.Config(

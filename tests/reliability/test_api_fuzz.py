@@ -42,7 +42,7 @@ from schemathesis import GenerationMode
 from schemathesis.core.failures import FailureGroup
 
 from hf3fsctl.keys import namespace_id
-from hf3fsctl.meta.server import create_app
+from hf3fsctl.meta.server.app import create_app
 from hf3fsctl.meta.sqlite.store import MetadataStore
 
 TOKEN = "fuzz-token-0123456789abcdef"

@@ -29,7 +29,7 @@ from fastapi.testclient import TestClient
 from helpers.servers import ServerProcess, free_port, write_config
 
 from hf3fsctl.cli.serve import read_token
-from hf3fsctl.meta.server import create_app
+from hf3fsctl.meta.server.app import create_app
 from hf3fsctl.meta.sqlite.store import MetadataStore
 
 TOKEN = "sekret-7f3a9c0d5e1b2468ace0"

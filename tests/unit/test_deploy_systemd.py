@@ -20,7 +20,7 @@ from typer.testing import CliRunner
 
 from hf3fsctl.cli.main import app
 from hf3fsctl.config import load_config
-from hf3fsctl.meta.server import DRAIN_TIMEOUT_S
+from hf3fsctl.meta.server.run import DRAIN_TIMEOUT_S
 
 SYSTEMD = Path(__file__).parents[2] / "deploy" / "systemd"
 UNIT = SYSTEMD / "hf3fsctl-serve.service"

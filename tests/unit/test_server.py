@@ -11,7 +11,7 @@ from fastapi.testclient import TestClient
 from helpers.meta_builders import checksum, keys, manifest, rank_file
 
 from hf3fsctl.keys import namespace_id
-from hf3fsctl.meta.server import create_app
+from hf3fsctl.meta.server.app import create_app
 from hf3fsctl.meta.sqlite.store import MetadataStore
 
 TOKEN = "s3cret"
@@ -282,7 +282,7 @@ def test_a_valid_body_without_the_token_is_401(client: TestClient) -> None:
 
 
 def test_every_body_route_is_answered_directly(client: TestClient) -> None:
-    from hf3fsctl.meta.server import ModelBodyRoute
+    from hf3fsctl.meta.server.fast_path import ModelBodyRoute
 
     body_routes = [r for r in client.app.routes if isinstance(r, ModelBodyRoute) and r.body_model]
     assert len(body_routes) >= 14

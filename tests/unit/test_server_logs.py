@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from hf3fsctl.meta.server_logs import JsonFormatter, logging_config
+from hf3fsctl.meta.server.logs import JsonFormatter, logging_config
 
 TOKEN = "s3cr3t-token-0123456789"
 

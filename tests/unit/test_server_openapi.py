@@ -17,7 +17,7 @@ from helpers.meta_builders import checksum, keys, manifest, rank_file
 from pydantic import BaseModel, TypeAdapter
 
 from hf3fsctl.keys import namespace_id
-from hf3fsctl.meta.server import create_app
+from hf3fsctl.meta.server.app import create_app
 from hf3fsctl.meta.sqlite.store import MetadataStore
 
 TOKEN = "s3cret"

@@ -12,7 +12,7 @@ from hf3fsctl.meta.sqlite.store import MetadataStore
 
 
 def test_evictions_are_exported_to_prometheus(tmp_path: Path) -> None:
-    from hf3fsctl.meta.metrics import ServerMetrics
+    from hf3fsctl.meta.server.metrics import ServerMetrics
 
     store = MetadataStore(tmp_path / "m.db")
     ns = register(store)

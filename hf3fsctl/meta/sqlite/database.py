@@ -334,6 +334,10 @@ class SqliteDatabase:
             self.checkpoint_wal()
         self._close_connections()
 
+    def shutdown(self) -> None:
+        """`close` at the end of a server's life: the WAL truncated into the database."""
+        self.close(truncate_wal=True)
+
     def checkpoint_wal(self, busy_timeout_s: float = 1.0) -> bool:
         """Checkpoint the whole WAL and truncate it; True when it is empty afterwards."""
         conn = self._conn()
