@@ -56,9 +56,15 @@ from helpers.servers import free_port
 
 COMMAND_TIMEOUT_S = 120
 SERVICE_TIMEOUT_S = 30
-# Programs some commands need that `make test` installs (Makefile targets); missing
-# outside CI, their commands are skipped with a warning; under CI they fail.
-MAKE_INSTALLS = {"promtool": "make promtool", "redis-server": "make redis"}
+# Programs beyond bash and coreutils that the pages' commands use, and what installs them
+# (`make test` runs the Makefile targets). Missing outside CI, a command needing one is
+# skipped with a warning; under CI (`$CI` set) it fails.
+PROGRAMS = {
+    "promtool": "make promtool",
+    "redis-server": "make redis",
+    "openssl": "apt-get install openssl",
+    "curl": "apt-get install curl",
+}
 SERVICES = re.compile(r"^(?:\w+=\S+\s+)*(?P<program>hf3fsctl serve|redis-server|redis-sentinel)\b")
 # What the repository copy of a sandbox leaves out: VCS, the venv, caches, build output.
 NOT_COPIED = {".git", ".venv", ".mypy_cache", ".ruff_cache", ".pytest_cache", "build", "dist"}
@@ -125,7 +131,7 @@ def _environment(run: PageRun, host: str) -> dict[str, str]:
 
 
 def _missing_program(text: str) -> str | None:
-    for program, target in MAKE_INSTALLS.items():
+    for program, target in PROGRAMS.items():
         if re.search(rf"(?<![\w-]){program}\b", text) and shutil.which(program) is None:
             return f"{program} is not installed (`{target}` installs it)"
     return None
@@ -265,6 +271,37 @@ def test_the_pages_have_commands_and_every_skip_says_why() -> None:
 def write_page(root: Path, text: str) -> Path:
     (root / "page.md").write_text(text)
     return Path("page.md")
+
+
+def test_the_extractor_joins_lines_and_reads_markers_and_prompts(tmp_path: Path) -> None:
+    page = write_page(
+        tmp_path,
+        "<!-- docs test: host node -->\n```bash\n# a comment\nhf3fsctl init \\\n"
+        "  --storage-path /mnt/3fs/kv   # exits 3\necho '{\"a\":\n  1}'\n```\n\n"
+        "```console\n$ hf3fsctl stats   # not run: needs a store\nstore  ...\n```\n",
+    )
+    assert [
+        (c.line, c.text, c.host, c.not_run, c.status) for c in doc_commands.commands(page, tmp_path)
+    ] == [
+        (4, "hf3fsctl init \\\n  --storage-path /mnt/3fs/kv   # exits 3", "node", None, 3),
+        (6, "echo '{\"a\":\n  1}'", "node", None, 0),
+        (11, "hf3fsctl stats   # not run: needs a store", "main", "needs a store", 0),
+    ]
+
+
+def test_substitution_moves_paths_users_ports_and_hosts_into_the_sandbox(tmp_path: Path) -> None:
+    sandbox = Sandbox(tmp_path, {"serve": 40001, "redis": 40002})
+    text = (
+        "sudo -u hf3fsctl hf3fsctl init --config /etc/hf3fsctl/config.yaml && "
+        "scp meta-host:/etc/hf3fsctl/token /etc/hf3fsctl/token && "
+        "curl http://meta-host:18765/healthz --host 0.0.0.0 /mnt/3fs/kv /etc/hf3fsctl-x"
+    )
+    main, node = tmp_path / MAIN_HOST, tmp_path / "node"
+    assert substitute(text, sandbox, "node") == (
+        f"hf3fsctl init --config {node}/etc/hf3fsctl/config.yaml && "
+        f"cp {main}/etc/hf3fsctl/token {node}/etc/hf3fsctl/token && "
+        f"curl http://127.0.0.1:40001/healthz --host 127.0.0.1 {main}/mnt/3fs/kv /etc/hf3fsctl-x"
+    )
 
 
 def test_a_failing_command_fails_the_page_and_a_marked_one_does_not(tmp_path: Path) -> None:
