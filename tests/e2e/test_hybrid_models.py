@@ -90,6 +90,8 @@ class Runs:
 
     def get(self, name: str) -> EngineResult:
         if name not in self._done:
+            if name == "warm":
+                self.get("cold")  # warm means a fresh process on the store cold filled
             if name == "damaged":
                 self.get("warm")
                 assert _corrupt_group(self.store, self.case.corrupt_kind) > 0
