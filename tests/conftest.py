@@ -1,8 +1,10 @@
-"""Test-suite wide settings: environment for vLLM, and where markers are skipped."""
+"""Test-suite wide settings: environment for vLLM, where markers are skipped, and the one
+tiny model every directory's tests share."""
 
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
@@ -16,6 +18,19 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 def _connector_status_files(tmp_path_factory: pytest.TempPathFactory) -> None:
     """Connector status files (`hf3fsctl.health`) go to a private directory per session."""
     os.environ["HF3FSCTL_STATE_DIR"] = str(tmp_path_factory.getbasetemp() / "connector-state")
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny random Llama (seed 0, fp32) and its tokenizer, built once per session for
+    every directory (unit `tiny_model_dir`, e2e `tiny_model`, reliability `fault_model`).
+
+    Read-only: a test that needs another model (other weights, another dtype) builds its
+    own. Building it costs ~5-10 s on 2 cores; it used to be built once per directory.
+    """
+    from hf3fsctl.vllm_tools.tiny_model import SIZES, build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.getbasetemp() / "tiny-model", SIZES["tiny"])
 
 
 def _cuda_available() -> bool:

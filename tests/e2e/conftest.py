@@ -1,9 +1,9 @@
 """Shared engine runs of the end-to-end tests (real vLLM on CPU, tiny random Llama).
 
 Every engine start costs seconds, so the runs every module compares against are made
-once per session: `baseline` (no connector), `cold` (our connector, empty embedded
-store) and `warm` (a fresh process on that store). Modules add only the runs their own
-invariant needs. Prompts are batched under chunked prefill (a step budget smaller than
+once per session, on the session's `tiny_model` (tests/conftest.py): `baseline` (no
+connector), `cold` (our connector, empty embedded store) and `warm` (a fresh process on
+that store). Modules add only the runs their own invariant needs. Prompts are batched under chunked prefill (a step budget smaller than
 one prompt) — the case where vLLM's `ExampleConnector` fails — and include a prompt
 shorter than a block and one exactly `N` blocks long.
 """
@@ -30,14 +30,6 @@ from e2e_scenario import (
 )
 
 from hf3fsctl.vllm_tools.runner import EngineResult, EngineRun, run_engine, shared_prefix_prompts
-
-
-@pytest.fixture(scope="session")
-def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The tiny random Llama (seed 0, fp32), built once."""
-    from hf3fsctl.vllm_tools.tiny_model import SIZES, build_tiny_model
-
-    return build_tiny_model(tmp_path_factory.mktemp("models") / "tiny", SIZES["tiny"])
 
 
 @pytest.fixture(scope="session")

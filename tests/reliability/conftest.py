@@ -25,11 +25,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 @pytest.fixture(scope="session")
-def fault_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The tiny random Llama (seed 0, fp32), built once for the campaign."""
-    from hf3fsctl.vllm_tools.tiny_model import SIZES, build_tiny_model
-
-    return build_tiny_model(tmp_path_factory.mktemp("fault-model") / "tiny", SIZES["tiny"])
+def fault_model(tiny_model: Path) -> Path:
+    """The tiny random Llama (seed 0, fp32): the session's one (tests/conftest.py)."""
+    return tiny_model
 
 
 @pytest.fixture(scope="session")
