@@ -522,6 +522,11 @@ def _next_steps(cfg: Config, config_file: Path | None) -> None:
     if config_file is None:
         output.line("  (no config file written: pass --write-config PATH to keep these settings)")
     if cfg.metadata_target.scheme in ("http", "https"):
-        output.line(f"  {run} serve --host HOST   # on the metadata host (HOST of metadata.url)")
+        from urllib.parse import urlsplit
+
+        url = urlsplit(cfg.metadata_url)
+        listen = f"--host {url.hostname} --port {url.port or cfg.server.port}"
+        auth = "" if cfg.server.token_file else "   # no --token-file: auth off"
+        output.line(f"  {run} serve {listen}   # on the metadata host{auth}")
     output.line(f"  {run} doctor")
     output.line(f"  {run} vllm-config --compact  # for vllm serve --kv-transfer-config")
