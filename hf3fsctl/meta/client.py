@@ -1,7 +1,8 @@
 """The factories: the metadata client (or store) a URL names, chosen by its scheme.
 
-- `sqlite:///PATH` → `EmbeddedMetadataClient`: the SQLite store in this process (no
-  server; processes of one node share the database file).
+- `sqlite:///PATH` → `MetadataStore` (`meta/sqlite/`): the SQLite store itself, in this
+  process (no server; processes of one node share the database file; lookup counters
+  are written even by a process that exits without `close`).
 - `http(s)://HOST:PORT` → `HttpMetadataClient`: `hf3fsctl serve` over HTTP (stdlib
   `http.client` keep-alive connections for the hot calls, httpx for the rest; a deadline
   per call, TLS verified against `metadata.ca_file`, retries only for idempotent calls).
@@ -59,11 +60,17 @@ def open_metadata_client(
 
     target = url if isinstance(url, MetadataUrl) else MetadataUrl.parse(url)
     if target.scheme == "sqlite":
-        from hf3fsctl.meta.embedded import EmbeddedMetadataClient
+        if target.path is None:
+            from hf3fsctl.errors import ConfigError
 
-        return EmbeddedMetadataClient(
-            target.url,
-            timeout_s=timeout_s,
+            raise ConfigError(f"metadata.url: {target.url!r} is not sqlite:///PATH")
+        from hf3fsctl.meta.sqlite import MetadataStore
+
+        # The store itself, in this process: `timeout_s` is how long a call waits for
+        # another process's writer before `MetadataUnavailable`, as a slow server would.
+        return MetadataStore(
+            target.path,
+            busy_timeout_s=timeout_s,
             lease_s=lease_s,
             high_watermark=high_watermark,
             low_watermark=low_watermark,

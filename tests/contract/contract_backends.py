@@ -18,6 +18,7 @@ from helpers.servers import free_port
 
 from hf3fsctl.config import Config, load_config
 from hf3fsctl.meta.client import MetadataClient, connect
+from hf3fsctl.meta.protocol import SelfChecking
 
 DEFAULT_BACKENDS = ("sqlite", "redis")
 # http-stock: the same service with both hand-tuned paths off — every call over stock
@@ -161,11 +162,9 @@ class Backend:
             return list(self.server_store.check_invariants())
         assert self.clients, "open() first"
         client = self.clients[-1]  # a test may have closed the first
-        target = getattr(client, "store", client)
-        check = getattr(target, "check_invariants", None)
-        if check is None:
-            pytest.fail(f"{type(target).__name__} ({self.kind}) has no check_invariants()")
-        return list(check())
+        if not isinstance(client, SelfChecking):
+            pytest.fail(f"{type(client).__name__} ({self.kind}) has no check_invariants()")
+        return list(client.check_invariants())
 
     def close(self) -> None:
         for client in self.clients:

@@ -97,8 +97,8 @@ def store_keys(
 
 _LOOKUP_AND_EXIT = """
 import sys
-from hf3fsctl.meta.embedded import EmbeddedMetadataClient
-client = EmbeddedMetadataClient(sys.argv[1])
+from hf3fsctl.meta.client import open_metadata_client
+client = open_metadata_client(sys.argv[1])
 client.lookup(sys.argv[2], sys.argv[3:])
 """
 

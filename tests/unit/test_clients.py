@@ -17,14 +17,13 @@ from helpers.servers import free_port
 from hf3fsctl.config import load_config
 from hf3fsctl.errors import ConfigError, MetadataUnavailable
 from hf3fsctl.meta.client import MetadataClient, connect, open_metadata_client
-from hf3fsctl.meta.embedded import EmbeddedMetadataClient
 from hf3fsctl.meta.http.client import HttpMetadataClient
 from hf3fsctl.meta.sqlite.store import MetadataStore
 
 
 @pytest.mark.parametrize(
     ("url", "cls"),
-    [("sqlite:///{tmp}/m.db", EmbeddedMetadataClient), ("http://127.0.0.1:1", HttpMetadataClient)],
+    [("sqlite:///{tmp}/m.db", MetadataStore), ("http://127.0.0.1:1", HttpMetadataClient)],
     ids=["sqlite", "http"],
 )
 def test_url_scheme_selects_client(tmp_path: Path, url: str, cls: type) -> None:
@@ -46,12 +45,13 @@ def test_connect_honours_configured_url(tmp_path: Path) -> None:
 
 
 def test_embedded_four_slash_url_is_absolute(tmp_path: Path) -> None:
-    client = EmbeddedMetadataClient(f"sqlite:///{tmp_path}/a/m.db".replace(":///", ":////"))
-    assert Path(client.store.path).resolve() == (tmp_path / "a" / "m.db").resolve()
+    client = open_metadata_client(f"sqlite:///{tmp_path}/a/m.db".replace(":///", ":////"))
+    assert isinstance(client, MetadataStore)
+    assert Path(client.path).resolve() == (tmp_path / "a" / "m.db").resolve()
 
 
 def test_embedded_busy_database_is_unavailable_after_timeout(tmp_path: Path) -> None:
-    client = EmbeddedMetadataClient(f"sqlite:///{tmp_path}/m.db", timeout_s=0.2)
+    client = open_metadata_client(f"sqlite:///{tmp_path}/m.db", timeout_s=0.2)
     ns = register(client)
     blocker = sqlite3.connect(tmp_path / "m.db", isolation_level=None)
     blocker.execute("BEGIN IMMEDIATE")
@@ -65,7 +65,7 @@ def test_embedded_busy_database_is_unavailable_after_timeout(tmp_path: Path) -> 
 def _store_with_three_keys(tmp_path: Path) -> tuple[str, str]:
     """An embedded store holding the first 3 of `keys(5)`; returns (url, namespace)."""
     url = f"sqlite:///{tmp_path}/m.db"
-    client = EmbeddedMetadataClient(url)
+    client = open_metadata_client(url)
     ns = register(client)
     store_keys(client, ns, keys(3))
     client.close()
@@ -88,11 +88,11 @@ def test_embedded_lookups_count_when_the_process_exits_without_close(tmp_path: P
     assert _lookup_counters(tmp_path) == (1, 5, 3)
 
 
-_HELD: list[EmbeddedMetadataClient] = []  # alive until the process ends, like a connector's
+_HELD: list[MetadataClient] = []  # alive until the process ends, like a connector's
 
 
 def _lookup_and_hold(url: str, ns: str, chain: list[str]) -> None:
-    client = EmbeddedMetadataClient(url)
+    client = open_metadata_client(url)
     client.lookup(ns, chain)
     _HELD.append(client)  # no `close`
 
@@ -116,7 +116,7 @@ def test_embedded_lookups_count_when_the_client_is_dropped_without_close(
     tmp_path: Path,
 ) -> None:
     url, ns = _store_with_three_keys(tmp_path)
-    client = EmbeddedMetadataClient(url)
+    client = open_metadata_client(url)
     client.lookup(ns, keys(5))
     del client
     gc.collect()

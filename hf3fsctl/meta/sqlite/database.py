@@ -29,6 +29,7 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from multiprocessing import util as mp_util
 from pathlib import Path
 
 from hf3fsctl.errors import MetadataUnavailable, NotFound, StorageError
@@ -82,6 +83,65 @@ def _open_writer_lock(path: str) -> WriterLock:
         ) from None
 
 
+class _PendingCounts:
+    """Lookup counters not yet written: namespace → [lookups, keys, hits]. Apart from the
+    store, so that the flush at exit or collection holds no reference to it."""
+
+    def __init__(self) -> None:
+        self.by_namespace: dict[str, list[int]] = {}
+        self.lock = threading.Lock()
+        self.last_flush = time.monotonic()
+
+    def add(self, namespace: str, keys: int, hits: int) -> bool:
+        """Count one lookup; True when the counters are due to be written."""
+        with self.lock:
+            counter = self.by_namespace.setdefault(namespace, [0, 0, 0])
+            counter[0] += 1
+            counter[1] += keys
+            counter[2] += hits
+            return time.monotonic() - self.last_flush > _FLUSH_INTERVAL_S
+
+    def take(self) -> dict[str, list[int]]:
+        """The pending counters, now the caller's to write."""
+        with self.lock:
+            taken, self.by_namespace = self.by_namespace, {}
+            self.last_flush = time.monotonic()
+        return taken
+
+
+def _write_counts(conn: sqlite3.Connection, counts: dict[str, list[int]]) -> None:
+    if counts:
+        now = time.time()
+        conn.executemany(
+            "UPDATE namespaces SET lookups = lookups + ?, lookup_keys = lookup_keys + ?,"
+            " hit_keys = hit_keys + ?, last_used = MAX(last_used, ?) WHERE id = ?",
+            [(c[0], c[1], c[2], now, ns) for ns, c in counts.items()],
+        )
+
+
+def _flush_alone(
+    path: str, pending: _PendingCounts, writer: WriterLock | None, busy_timeout_s: float
+) -> None:
+    """Write a store's pending lookup counters on a connection of its own, at exit or
+    collection; never raises (what is lost is logged)."""
+    counts = pending.take()
+    if not counts or writer is None:
+        return
+    try:
+        with writer.hold(busy_timeout_s) as got:
+            if not got:
+                raise MetadataUnavailable(f"another writer held it for {busy_timeout_s:g}s")
+            conn = sqlite3.connect(path, timeout=busy_timeout_s, isolation_level=None)
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+                _write_counts(conn, counts)
+                conn.execute("COMMIT")
+            finally:
+                conn.close()
+    except Exception as exc:  # exiting or collecting: report what is lost, never raise
+        logger.warning("metadata store %s: lookup counters not flushed (%s)", path, exc)
+
+
 class SqliteDatabase:
     """One SQLite database file, shared safely by the threads and processes of a node."""
 
@@ -101,15 +161,25 @@ class SqliteDatabase:
         self._immutable = False  # read-only and on a file system that refuses even -shm
         self._writer: WriterLock | None = None if read_only else _open_writer_lock(self.path)
         self._wal_pages = _wal_pages(self.path)
-        self._counters: dict[str, list[int]] = {}  # namespace → [lookups, keys, hits]
-        self._counters_lock = threading.Lock()
-        self._last_flush = time.monotonic()
+        self._pending = _PendingCounts()
         self._checkpointer: WalCheckpointer | None = None
         try:
             self._init_schema()
         except BaseException:  # e.g. a store of another format: leave nothing open
             self._close_connections()
             raise
+        # A process that only looks up (the connector's scheduler side) may exit without
+        # `close`, where a server counts every lookup it answers: the counters are also
+        # written when the store is collected and when its process exits (a plain exit,
+        # or the end of a multiprocessing child such as vLLM's EngineCore, which runs only
+        # these). A forked copy of the store is skipped: it runs in the process that made
+        # it. `close` cancels it (and flushes itself).
+        self._flush_at_exit = mp_util.Finalize(
+            self,
+            _flush_alone,
+            (self.path, self._pending, self._writer, self.busy_timeout_s),
+            exitpriority=0,
+        )
 
     def _start_checkpointer(self) -> None:
         if self.background_checkpoint and not self.read_only:
@@ -262,35 +332,20 @@ class SqliteDatabase:
                 conn.execute("COMMIT")
 
     def _flush_counters(self, conn: sqlite3.Connection) -> None:
-        with self._counters_lock:
-            counters, self._counters = self._counters, {}
-            self._last_flush = time.monotonic()
-        if counters:
-            now = time.time()
-            conn.executemany(
-                "UPDATE namespaces SET lookups = lookups + ?, lookup_keys = lookup_keys + ?,"
-                " hit_keys = hit_keys + ?, last_used = MAX(last_used, ?) WHERE id = ?",
-                [(c[0], c[1], c[2], now, ns) for ns, c in counters.items()],
-            )
+        _write_counts(conn, self._pending.take())
 
     def flush(self) -> None:
         """Write the in-memory lookup counters now (a read-only store drops them)."""
         if self.read_only:
-            self._counters = {}
-        elif self._counters:
+            self._pending.take()
+        elif self._pending.by_namespace:
             with self._write():
                 pass
 
     def _count_lookup(self, namespace: str, keys: int, hits: int) -> None:
         """Count a lookup in memory; written with the next write, or now if a second has
         passed and no writer holds the lock (a lookup never waits for one)."""
-        with self._counters_lock:
-            counter = self._counters.setdefault(namespace, [0, 0, 0])
-            counter[0] += 1
-            counter[1] += keys
-            counter[2] += hits
-            due = time.monotonic() - self._last_flush > _FLUSH_INTERVAL_S
-        if due:
+        if self._pending.add(namespace, keys, hits):
             self._flush_if_free()
 
     def _flush_if_free(self) -> None:
@@ -324,6 +379,7 @@ class SqliteDatabase:
                 database file alone is then complete. Waits at most a second for other
                 processes' readers; if they still hold it, the WAL is left to them.
         """
+        self._flush_at_exit.cancel()
         try:
             self.flush()
         except MetadataUnavailable:

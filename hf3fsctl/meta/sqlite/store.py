@@ -131,7 +131,7 @@ class MetadataStore(SqliteDatabase, StoreCore):
     ) -> None:
         self.path = str(path)
         self._init_core(
-            f"sqlite:///{os.path.abspath(self.path)}",
+            f"sqlite://{os.path.abspath(self.path)}",
             lease_s=lease_s,
             high_watermark=high_watermark,
             low_watermark=low_watermark,
