@@ -20,7 +20,8 @@ from typing import TypeVar
 
 from hf3fsctl.config import Config
 from hf3fsctl.errors import Hf3fsctlError, MetadataUnavailable
-from hf3fsctl.meta.client import MetadataClient, connect
+from hf3fsctl.meta.client import connect
+from hf3fsctl.meta.protocol import MetadataClient
 
 logger = logging.getLogger(__name__)
 

@@ -67,7 +67,7 @@ from hf3fsctl.storage.engine import (
 from hf3fsctl.storage.layout import PageFile
 
 if TYPE_CHECKING:
-    from hf3fsctl.meta.client import MetadataClient
+    from hf3fsctl.meta.protocol import DataPath
     from hf3fsctl.staging import StagingBuffer, StagingPool
 
 logger = logging.getLogger(__name__)
@@ -93,9 +93,10 @@ _NO_SPACE_ERRNOS = {errno.ENOSPC, errno.EDQUOT}
 
 
 class ClientCall(Protocol):
-    """Runs one metadata call: `call(lambda client: client.locate(...))`."""
+    """Runs one metadata call: `call(lambda client: client.locate(...))`. A tier needs
+    only the data path of the store (`meta/protocol.py: DataPath`)."""
 
-    def __call__(self, fn: Callable[[MetadataClient], T], /) -> T: ...
+    def __call__(self, fn: Callable[[DataPath], T], /) -> T: ...
 
 
 def _counts(kinds: Sequence[str], ok: tuple[str, ...]) -> dict[str, int]:

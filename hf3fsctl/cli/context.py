@@ -21,7 +21,7 @@ from hf3fsctl.errors import InvalidRequest, NotFound
 
 if TYPE_CHECKING:
     from hf3fsctl.config import Config, MetadataUrl
-    from hf3fsctl.meta.client import MetadataClient
+    from hf3fsctl.meta.protocol import MetadataClient
 
 
 def load(

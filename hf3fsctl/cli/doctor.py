@@ -41,7 +41,7 @@ DEFAULT_SAMPLE = 256  # pages verified per namespace by --checksums
 
 if TYPE_CHECKING:
     from hf3fsctl.config import Config
-    from hf3fsctl.meta.client import MetadataClient
+    from hf3fsctl.meta.protocol import MetadataClient
 
 
 def check_config(report: Report, ctx: typer.Context, path: Path | None) -> Config | None:

@@ -24,8 +24,8 @@ from hf3fsctl.keys import shown_key
 if TYPE_CHECKING:
     from hf3fsctl.cli.checks import Report
     from hf3fsctl.config import Config
-    from hf3fsctl.meta.client import MetadataClient
     from hf3fsctl.meta.models import EntryInfo, NamespaceInfo, RankFile
+    from hf3fsctl.meta.protocol import MetadataClient
     from hf3fsctl.storage.engine import IOEngine
     from hf3fsctl.storage.layout import PageFile
 

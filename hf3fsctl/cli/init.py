@@ -29,8 +29,8 @@ from hf3fsctl.errors import InvalidRequest, MetadataUnavailable, NotFound, Stora
 if TYPE_CHECKING:
     from hf3fsctl.config import Config
     from hf3fsctl.keys import NamespaceManifest
-    from hf3fsctl.meta.client import MetadataClient
     from hf3fsctl.meta.models import CapacityInfo
+    from hf3fsctl.meta.protocol import MetadataClient
 
 
 def check_writable(root: Path) -> None:

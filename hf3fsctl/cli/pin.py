@@ -22,8 +22,8 @@ from hf3fsctl.cli.options import ConfigOpt, JsonOpt, parse_duration
 from hf3fsctl.errors import InvalidRequest
 
 if TYPE_CHECKING:
-    from hf3fsctl.meta.client import MetadataClient
     from hf3fsctl.meta.models import PinResult
+    from hf3fsctl.meta.protocol import MetadataClient
 
 NamespaceArg = Annotated[
     str,

@@ -12,7 +12,7 @@
 
 The protocols these return are declared once, in `meta/protocol.py` (`MetadataClient`,
 and the narrow `DataPath`, `Registry`, `Admin`, `ChangeFeed` a caller may depend on
-instead); they are re-exported here for the callers that open a client.
+instead).
 """
 
 from __future__ import annotations
@@ -20,21 +20,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from hf3fsctl.meta.protocol import MetadataClient, Store
-
 if TYPE_CHECKING:
     from hf3fsctl.config import Config
     from hf3fsctl.config.urls import MetadataUrl
     from hf3fsctl.meta.policy import StorePolicy
+    from hf3fsctl.meta.protocol import MetadataClient, Store
 
-__all__ = [
-    "MetadataClient",
-    "Store",
-    "connect",
-    "metadata_token",
-    "open_metadata_client",
-    "open_store",
-]
+__all__ = ["connect", "metadata_token", "open_metadata_client", "open_store"]
 
 
 def open_metadata_client(

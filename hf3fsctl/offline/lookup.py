@@ -19,8 +19,8 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from hf3fsctl.kv_groups import GroupPlan, longest_hit
-from hf3fsctl.meta.client import MetadataClient
 from hf3fsctl.meta.models import NamespaceInfo
+from hf3fsctl.meta.protocol import MetadataClient
 from hf3fsctl.offline.namespaces import hybrid_set
 from hf3fsctl.prompt_keys import prompt_block_keys
 

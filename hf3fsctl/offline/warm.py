@@ -34,8 +34,8 @@ from pathlib import Path
 from typing import Any
 
 from hf3fsctl.errors import InvalidRequest
-from hf3fsctl.meta.client import MetadataClient
 from hf3fsctl.meta.models import NamespaceInfo
+from hf3fsctl.meta.protocol import MetadataClient
 from hf3fsctl.offline.namespaces import (
     NamespaceQuery,
     hybrid_set,

@@ -17,8 +17,8 @@ import pytest
 from helpers.servers import free_port
 
 from hf3fsctl.config import Config, load_config
-from hf3fsctl.meta.client import MetadataClient, connect
-from hf3fsctl.meta.protocol import SelfChecking
+from hf3fsctl.meta.client import connect
+from hf3fsctl.meta.protocol import MetadataClient, SelfChecking
 
 DEFAULT_BACKENDS = ("sqlite", "redis")
 # http-stock: the same service with both hand-tuned paths off — every call over stock

@@ -12,8 +12,8 @@ from contract_backends import ALL_BACKENDS, Backend
 from helpers.meta_builders import keys, register, store_keys
 
 from hf3fsctl.errors import InvalidRequest
-from hf3fsctl.meta.client import MetadataClient
 from hf3fsctl.meta.models import EvictRequest
+from hf3fsctl.meta.protocol import MetadataClient
 
 BACKENDS = ALL_BACKENDS
 

@@ -16,8 +16,8 @@ import pytest
 from contract_backends import Backend
 from helpers.meta_builders import commit_items, keys, register
 
-from hf3fsctl.meta.client import MetadataClient
 from hf3fsctl.meta.models import Allocation
+from hf3fsctl.meta.protocol import MetadataClient
 
 WRITERS = 4
 ROUNDS = 5

@@ -18,8 +18,8 @@ from helpers.meta_builders import (
 
 from hf3fsctl.errors import InvalidRequest, NamespaceConflict, NotFound
 from hf3fsctl.keys import namespace_id
-from hf3fsctl.meta.client import MetadataClient
 from hf3fsctl.meta.models import Allocation, CommitItem, RankFile
+from hf3fsctl.meta.protocol import MetadataClient
 
 BACKENDS = ALL_BACKENDS
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from contract_backends import Backend
 from helpers.meta_builders import keys, register, store_keys
 
-from hf3fsctl.meta.client import MetadataClient
 from hf3fsctl.meta.models import EvictRequest
+from hf3fsctl.meta.protocol import MetadataClient
 
 
 def _evicted(store: MetadataClient, ns: str) -> dict[str, list[int]]:

@@ -9,8 +9,8 @@ import pytest
 from contract_backends import Backend
 from helpers.meta_builders import commit_items, keys, register, store_keys
 
-from hf3fsctl.meta.client import MetadataClient
 from hf3fsctl.meta.models import Location
+from hf3fsctl.meta.protocol import MetadataClient
 
 
 @pytest.fixture

@@ -18,8 +18,8 @@ from hf3fsctl_connector.service import MetadataGuard
 from vllm.distributed.kv_events import BlockRemoved, BlockStored
 from vllm.v1.core.kv_cache_utils import BlockHash, maybe_convert_block_hash
 
-from hf3fsctl.meta.client import MetadataClient
 from hf3fsctl.meta.models import EvictRequest
+from hf3fsctl.meta.protocol import MetadataClient
 
 BACKENDS = ALL_BACKENDS
 BLOCK = 4

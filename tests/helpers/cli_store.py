@@ -24,8 +24,9 @@ from helpers.meta_builders import make_manifest
 from hf3fsctl.cli.main import app
 from hf3fsctl.config import Config, load_config
 from hf3fsctl.keys import NamespaceManifest
-from hf3fsctl.meta.client import MetadataClient, connect
+from hf3fsctl.meta.client import connect
 from hf3fsctl.meta.models import CommitItem
+from hf3fsctl.meta.protocol import MetadataClient
 
 PAGE_BYTES = 16384
 FILE_SIZE = "1MiB"  # 64 pages of 16 KiB per rank

@@ -37,7 +37,8 @@ from helpers.meta_builders import commit_items, keys, register
 from helpers.redis_servers import SentinelCluster, connect_port
 
 from hf3fsctl.errors import MetadataUnavailable
-from hf3fsctl.meta.client import MetadataClient, open_metadata_client
+from hf3fsctl.meta.client import open_metadata_client
+from hf3fsctl.meta.protocol import MetadataClient
 from hf3fsctl.vllm_tools.runner import EngineResult
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

@@ -16,8 +16,9 @@ from helpers.servers import free_port
 
 from hf3fsctl.config import load_config
 from hf3fsctl.errors import ConfigError, MetadataUnavailable
-from hf3fsctl.meta.client import MetadataClient, connect, open_metadata_client
+from hf3fsctl.meta.client import connect, open_metadata_client
 from hf3fsctl.meta.http.client import HttpMetadataClient
+from hf3fsctl.meta.protocol import MetadataClient
 from hf3fsctl.meta.sqlite.store import MetadataStore
 
 

@@ -19,7 +19,7 @@ from hf3fsctl.bench.metadata.stores import StoreSpec, key
 from hf3fsctl.errors import Hf3fsctlError, MetadataUnavailable
 
 if TYPE_CHECKING:
-    from hf3fsctl.meta.client import MetadataClient
+    from hf3fsctl.meta.protocol import MetadataClient
 from hf3fsctl.bench.metadata.settings import (
     BATCH,
     LOOKUP_KEYS,

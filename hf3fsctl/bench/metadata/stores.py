@@ -20,7 +20,7 @@ from hf3fsctl.bench.metadata.children import in_child
 from hf3fsctl.errors import MetadataUnavailable
 
 if TYPE_CHECKING:
-    from hf3fsctl.meta.client import MetadataClient
+    from hf3fsctl.meta.protocol import MetadataClient
 from hf3fsctl.bench.metadata.settings import (
     FILL_CHUNK,
     FULL_NAMESPACES,

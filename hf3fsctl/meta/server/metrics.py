@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric
 
-    from hf3fsctl.meta.client import Store
+    from hf3fsctl.meta.protocol import Store
 
 logger = logging.getLogger(__name__)
 
