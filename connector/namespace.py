@@ -67,7 +67,8 @@ class StoredGroup:
 
 
 def _unsupported(message: str, hint: str) -> ConfigError:
-    return ConfigError(f"Hf3fsctlConnector cannot store this model: {message}", hint=hint)
+    # vLLM shows only the message: the fix goes in it, on the same line.
+    return ConfigError(f"Hf3fsctlConnector cannot store this model: {message} ({hint})", hint=hint)
 
 
 def _group_kind(index: int, group: Any) -> StoredGroup:
