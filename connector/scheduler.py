@@ -20,6 +20,14 @@ Contract:
     * A preempted request loses its blocks: its cached lookup is dropped, and nothing is
       ever planned against blocks it no longer owns.
     * While the metadata service is marked down: no lookups (misses) and no saves.
+    * Hybrid models (several KV cache groups, `groups`): the lookup is
+      `hf3fsctl.kv_groups.longest_hit` below the last prompt token (every group must
+      hold what the hit needs, or no load); a load plans one job per group for the
+      blocks vLLM allocated for the external tokens (its null block marks the rest);
+      saves are per group: every full block of full-attention and sliding-window
+      groups, and a Mamba group's state block when the step's chunk ended on that
+      block's boundary. Loads are asynchronous: vLLM takes failures of a multi-group
+      model only as failed requests, and one is never offered a load again.
 """
 
 from __future__ import annotations
