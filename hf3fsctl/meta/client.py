@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from hf3fsctl.config import Config
+    from hf3fsctl.config.schema import Config
     from hf3fsctl.config.urls import MetadataUrl
     from hf3fsctl.meta.policy import StorePolicy
     from hf3fsctl.meta.protocol import MetadataClient, Store

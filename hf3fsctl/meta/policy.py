@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 from hf3fsctl.config.units import Amount, parse_amount
 
 if TYPE_CHECKING:
-    from hf3fsctl.config import Config
+    from hf3fsctl.config.schema import Config
 
 logger = logging.getLogger(__name__)
 

@@ -46,7 +46,7 @@ from hf3fsctl.errors import (
 if TYPE_CHECKING:
     from redis.commands.core import Script
 
-    from hf3fsctl.config import MetadataUrl
+    from hf3fsctl.config.urls import MetadataUrl
 
 logger = logging.getLogger(__name__)
 
