@@ -83,6 +83,7 @@ def read_prompts(path: Path) -> list[str]:
 
 
 SCAN_ENTRIES = 200_000  # entries searched for the keys a shortened `--key` may mean
+SCAN_PINS = 1000  # newest pins searched (a listing's default; a server allows max_batch)
 _WINDOW = 500
 
 
@@ -104,7 +105,7 @@ def resolve_key_prefixes(
                 if key.startswith(prefix):
                     hits.add(key)
 
-    match([pin.key for pin in client.list_pins(namespace, limit=SCAN_ENTRIES)])
+    match([pin.key for pin in client.list_pins(namespace, limit=SCAN_PINS)])
     for offset in range(0, SCAN_ENTRIES, _WINDOW):
         batch = client.list_entries(namespace, limit=_WINDOW, offset=offset)
         match([entry.key for entry in batch])

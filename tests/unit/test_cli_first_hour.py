@@ -26,7 +26,7 @@ import typer
 from helpers.cli_store import Store, cli, cli_json, fill, make_store
 from helpers.meta_builders import keys as make_keys
 from helpers.redis_servers import redis_binaries_missing, redis_server
-from helpers.servers import free_port
+from helpers.servers import ServerProcess, free_port, metadata_server
 from typer.testing import CliRunner
 
 from hf3fsctl.cli.main import app
@@ -39,6 +39,8 @@ from hf3fsctl.errors import (
     NotFound,
     StorageError,
 )
+
+__all__ = ["metadata_server"]  # a fixture used here
 
 runner = CliRunner()
 WIDE = {"COLUMNS": "200"}
@@ -151,6 +153,19 @@ def test_pin_accepts_the_key_ls_shows_as_the_key_it_stands_for(store: Store) -> 
     fill(store, [key])
     document = cli_json(store, "pin", store.namespace, "--key", shown_keys(store)[0])
     assert (document["keys"], document["stored"]) == ([key], 1)
+
+
+@pytest.mark.integration
+def test_pin_over_a_server_accepts_the_key_ls_shows(
+    tmp_path: Path, metadata_server: ServerProcess
+) -> None:
+    node = make_store(
+        tmp_path / "node", metadata_url=metadata_server.url, token_file=metadata_server.token_file
+    )
+    (key,) = make_keys(1)
+    fill(node, [key])
+    document = cli_json(node, "pin", node.namespace, "--key", shown_keys(node)[0])
+    assert document["keys"] == [key]
 
 
 def test_pin_refuses_a_shortened_key_that_matches_no_stored_key(store: Store) -> None:
