@@ -3,7 +3,7 @@ phases of a give-back (`HolePuncher`), for the SQLite and the Redis store alike.
 
 A store *marks* free pages inside a transaction or script (they stay counted as held),
 this process punches them, and the store *settles* the marks (holes, no longer held) or
-returns them to the free list if the file system refused (`meta/capacity.py` says why
+returns them to the free list if the file system refused (`meta/sqlite/capacity.py` says why
 two phases).
 """
 

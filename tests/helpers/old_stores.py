@@ -15,7 +15,7 @@ from pathlib import Path
 from helpers.meta_builders import PAGE_BYTES, checksum, make_manifest
 from hf3fsctl.keys import namespace_id
 
-# The DDL of format 1 (`git show bfe2519~1:hf3fsctl/meta/schema.py`), before capacity.
+# The DDL of format 1 (`git show bfe2519~1:hf3fsctl/meta/sqlite/schema.py`), before capacity.
 SCHEMA_1_DDL = """
 CREATE TABLE store_info (name TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID;
 CREATE TABLE namespaces (

@@ -92,7 +92,7 @@ def run_server(
     and truncated and the store is closed. After a SIGTERM the process exits 0 (uvicorn
     re-raises the signal once it is done; by then there is nothing left to stop).
     `log_format` picks uvicorn's text lines or one JSON object per line
-    (`meta/server_logs.py`; the token is masked).
+    (`meta/server/logs.py`; the token is masked).
     """
     import uvicorn
 

@@ -245,7 +245,7 @@ class SqliteDatabase:
         """Create the tables of a new store; refuse a store of another format.
 
         A store is never migrated on open: processes of several hf3fsctl versions may
-        share it, so `hf3fsctl migrate` does that, once, on purpose (`meta/migration.py`).
+        share it, so `hf3fsctl migrate` does that, once, on purpose (`meta/sqlite/migration.py`).
         """
         with self._unavailable_on_busy():
             conn = self._conn()
@@ -423,7 +423,7 @@ class SqliteDatabase:
         self, out: str | os.PathLike[str], *, progress: Progress | None = None
     ) -> BackupResult:
         """Write a consistent copy of the store, as of now, to the new file `out`, online
-        (writers keep writing; `meta/backup.py`)."""
+        (writers keep writing; `meta/sqlite/backup.py`)."""
         return backup_database(
             self.path, out, progress=progress, busy_timeout_s=self.busy_timeout_s
         )

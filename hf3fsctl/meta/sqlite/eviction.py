@@ -19,7 +19,7 @@ Rules (docs/design.md decision 5):
 - On the allocate path, least-recently-used keys go first, and among equally old keys
   the chain tails (greatest depth) before their heads; keys under a read lease are
   skipped. `evict_lru` picks across the namespaces it is given (all of them for the
-  store's capacity, see `meta/capacity.py`). Admin eviction may take leased keys, but
+  store's capacity, see `meta/sqlite/capacity.py`). Admin eviction may take leased keys, but
   their pages only become reusable once the lease ends (`free_pages.reusable_after`).
 - Pinned keys (`pins`, until their TTL) are never evicted by LRU, and by admin
   eviction only when asked to (`include_pinned`).

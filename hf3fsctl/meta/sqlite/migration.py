@@ -15,7 +15,7 @@ Contract:
   (no writer of this package, of any version that takes the lock, and no SQLite writer
   at all can interleave), checks every invariant inside that transaction and rolls
   back if one fails, so a store is either fully migrated and sound or left as it was.
-  The caller takes a backup first (`meta/backup.py`; the CLI does by default).
+  The caller takes a backup first (`meta/sqlite/backup.py`; the CLI does by default).
 """
 
 from __future__ import annotations

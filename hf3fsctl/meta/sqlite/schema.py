@@ -17,7 +17,7 @@ Tables:
   free list became reusable; 0 for a never-used page).
 - `free_pages`: pages given back, each reusable only after `reusable_after` (the latest
   read lease of the entry that held it); `punched` 1 once its disk space was returned,
-  2 while it is being given back (`meta/capacity.py`).
+  2 while it is being given back (`meta/sqlite/capacity.py`).
 - `pins`: (namespace, key) kept out of LRU eviction until `expires` (0 = no TTL).
 - `evictions`: keys and bytes evicted per namespace and reason (capacity, quota,
   file_full, admin, corrupt), cumulative, for `stats` and Prometheus.
@@ -42,7 +42,7 @@ import sqlite3
 from dataclasses import dataclass
 
 # The store's format: recorded as `store_info.schema_version`. A store of another format
-# is not opened (`meta/migration.py`: a newer one needs a newer hf3fsctl, an older one
+# is not opened (`meta/sqlite/migration.py`: a newer one needs a newer hf3fsctl, an older one
 # `hf3fsctl migrate`).
 SCHEMA_VERSION = 2
 

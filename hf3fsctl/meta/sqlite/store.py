@@ -1,6 +1,6 @@
 """`MetadataStore`: the durable, bounded metadata of the KV-page tier, in SQLite.
 
-Contract (decisions 4–5 in docs/design.md; the `MetadataClient` protocol in `meta/client.py`):
+Contract (decisions 4–5 in docs/design.md; the protocols in `meta/protocol.py`):
 
 - Every operation is one SQLite transaction. Writes take `BEGIN IMMEDIATE` (one writer
   at a time, across threads *and* processes: the scheduler and workers of a node share
@@ -17,7 +17,7 @@ Contract (decisions 4–5 in docs/design.md; the `MetadataClient` protocol in `m
   a free list; a page freed while a read lease holds it is reusable only once the lease
   ends. A file with a fixed number of pages evicts its own LRU keys when fuller than
   `high_watermark`.
-- Capacity (`meta/capacity.py`): one recorded capacity for the whole store; an
+- Capacity (`meta/sqlite/capacity.py`): one recorded capacity for the whole store; an
   allocation that would take the store's page files above `high_watermark` of it evicts
   least-recently-used keys of any namespace (chain tails before heads, a key on all ranks
   at once, never pending, leased or pinned keys) down to `low_watermark`, and gives the
