@@ -467,6 +467,13 @@ def test_pinning_past_max_pinned_is_refused(tier: Tier) -> None:
     assert tier.sound() == []
 
 
+def test_pinning_under_a_malformed_namespace_id_is_refused(tier: Tier) -> None:
+    # validation lives in the store core: every backend refuses it before touching data
+    with pytest.raises(InvalidRequest, match="namespace id"):
+        tier.store.pin("not-a-namespace", keys(1, salt="a"))
+    assert tier.store.list_pins() == []
+
+
 def test_refreshing_a_pin_does_not_count_it_twice(tier: Tier) -> None:
     a = tier.add("a")
     tier.store.pin(a, keys(5, salt="a"))
