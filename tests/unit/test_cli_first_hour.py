@@ -240,6 +240,15 @@ def test_init_refusing_a_missing_path_names_its_file_system_and_the_flag(tmp_pat
     assert fstype in result.stderr and "--create-path" in result.stderr
 
 
+def test_init_takes_the_storage_path_of_its_config_file(tmp_path: Path) -> None:
+    root = tmp_path / "kv"
+    root.mkdir()
+    config = tmp_path / "c.yaml"
+    config.write_text(f"storage:\n  path: {root}\n")
+    assert invoke("init", "--config", str(config)).exit_code == 0
+    assert (root / "metadata.db").is_file()
+
+
 def test_init_create_path_creates_a_missing_storage_path(tmp_path: Path) -> None:
     root = tmp_path / "new" / "kv"
     result = invoke("init", "--storage-path", str(root), "--create-path")
@@ -280,6 +289,17 @@ def test_init_for_a_server_records_the_token_file_for_serve(tmp_path: Path) -> N
     )
     assert result.exit_code == 0, result.stderr
     assert load_config(config, environ={}).server.token_file == str(token.resolve())
+
+
+@pytest.mark.integration
+def test_init_against_a_live_server_records_its_capacity(
+    tmp_path: Path, metadata_server: ServerProcess
+) -> None:
+    token = str(metadata_server.token_file)
+    args = ["init", "--storage-path", str(tmp_path), "--metadata-url", metadata_server.url]
+    result = invoke(*args, "--token-file", token, "--capacity", "1GiB", "--json")
+    assert result.exit_code == 0, result.stderr
+    assert json.loads(result.stdout)["capacity"]["capacity_bytes"] == 1024**3
 
 
 def test_init_against_a_server_that_is_down_fails_and_writes_no_config(tmp_path: Path) -> None:
