@@ -1,14 +1,24 @@
 """`hf3fsctl init`: create a store — storage root, metadata DB, capacity, config, page files.
 
-Steps, each reported: create the storage root and prove it is writable (a file is
-written, synced and removed); for a `sqlite:///` metadata URL create the database and
-its schema (for `http://`, check the service answers and warn if not: it may not be
-started yet); record the store's capacity (`--capacity`, else `storage.capacity`: a
-share of the file system's free space by default; a store that has one keeps it unless
-`--capacity` is given); with `--write-config` write a config file pointing at all this
-(refusing to overwrite one without `--force`); with `--namespace-manifest FILE` write
-that namespace's manifest and register it with its per-rank page files — growing on
-demand, or with `--preallocate` fallocated at `--file-size` up front, with a progress bar.
+Everything is checked before anything is written, so a refused value changes nothing
+(also on a store that exists): the storage root must exist, unless `--create-path` (a
+missing directory is most often a file system that is not mounted, and creating it
+would put the store on the disk beneath, sized from its space); the file system it is
+on is named (`/proc/mounts`), with a warning for the root file system; the capacity
+(`--capacity`, else `storage.capacity`: a share of the file system's free space by
+default) must hold at least a page; an `http(s)://` service or Redis must answer
+(exit 6 with the fix), unless `--config-only`, which writes only the config file.
+
+Then, each step reported: create the root if asked and prove it writable (a file is
+written, synced and removed); for `sqlite:///` create the database and its schema;
+record the capacity (a store that has one keeps it unless `--capacity` is given); with
+`--write-config` write a config file pointing at all this (refusing to overwrite one
+without `--force`; `--token-file` with an `http(s)://` URL is recorded as both
+`metadata.token_file` and `server.token_file`, so the `serve` of that config checks
+it); with `--namespace-manifest FILE` write that namespace's manifest and register it
+with its per-rank page files — growing on demand, or with `--preallocate` fallocated at
+`--file-size` up front, with a progress bar. The next commands it suggests name this
+store (its config file, else the `HF3FSCTL_*` variables that point at it).
 """
 
 from __future__ import annotations
