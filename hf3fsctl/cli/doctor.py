@@ -3,16 +3,21 @@
 Checks, in order (a check that cannot run because an earlier one failed is `skip`):
 
 1. config: it loads, and from where.
-2. storage: the root exists and is writable, free space, the mount and its file-system
-   type (`/proc/mounts`), the I/O engine that would be used and why, and whether staging
-   is one copy from storage (USRBIO: staging buffers inside its iov).
+2. storage: the root exists and is writable (if not, whether the mount is read-only
+   or permissions are missing, and the fix), free space, the mount and its file-system
+   type (`/proc/mounts`; warn on the root file system, where a missing mount would have
+   put the store), the I/O engine that would be used and why, and whether staging is
+   one copy from storage (USRBIO: staging buffers inside its iov).
 3. metadata: the service answers (`health()`), an authenticated call is accepted,
-   and (embedded SQLite) the store's invariants hold.
+   (embedded SQLite) the store's invariants hold, and (Redis) its role, replicas and
+   `maxmemory-policy` (anything but `noeviction` fails: Redis would drop the store's
+   own keys). The store is opened read-only unless `--checksums` (which takes read
+   leases), so doctor also diagnoses a store on a read-only mount.
 4. capacity: the store's recorded capacity, what its page files hold, and whether the
    file system can still give what the capacity promises.
 5. namespaces (`doctor_store`): manifests on disk match the registered ones, page files
-   exist with the registered size; with `--checksums`, committed pages read back and
-   match their checksums.
+   exist with the registered size; with `--checksums` (implied by `--sample` and
+   `--all-pages`), committed pages read back and match their checksums.
 6. connectors on this node (`hf3fsctl.health` status files): running connectors that
    are disabled (fail) or degraded (warn), and why; exited ones that ended in trouble.
 7. staging: which gather/scatter path this node's torch gets (compiled ops or pure
