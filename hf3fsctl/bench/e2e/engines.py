@@ -90,6 +90,7 @@ def make_store(directory: Path) -> dict[str, Any]:
             "init",
             "--storage-path",
             str(storage),
+            "--create-path",
             "--metadata-url",
             f"sqlite:///{storage / 'metadata.db'}",
             "--write-config",
