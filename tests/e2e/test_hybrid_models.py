@@ -20,6 +20,10 @@ chunk then ends on a block boundary, where the state is written.
 from __future__ import annotations
 
 import json
+import os
+import random
+import subprocess
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -206,3 +210,68 @@ def test_a_corrupt_page_of_one_group_still_gives_equal_tokens(runs: Runs) -> Non
     assert damaged.outputs == runs.get("baseline").outputs
     assert damaged.connector is not None
     assert damaged.connector.get("failed_checksum", 0) > 0
+
+
+def _cli(*args: str, json_out: bool = True) -> dict[str, Any]:
+    env = os.environ | {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "HF_HUB_OFFLINE": "1"}
+    env.pop("PYTHONHASHSEED", None)
+    done = subprocess.run(
+        [sys.executable, "-m", "hf3fsctl", *args, *(["--json"] if json_out else [])],
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT_S,
+        env=env,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    document: dict[str, Any] = json.loads(done.stdout) if json_out else {}
+    return document
+
+
+@pytest.mark.parametrize("kind", ["sliding", "mamba"])
+def test_cli_warm_then_lookup_equals_what_vllm_loads(
+    kind: str, models: dict[str, Path], tmp_path: Path
+) -> None:
+    case = CASES[kind]
+    rng = random.Random(5)
+    vocabulary = ["alpha", "beta", "gamma", "delta", "omega", "sigma"]
+    texts = [
+        " ".join(rng.choice(vocabulary) + str(rng.randrange(100)) for _ in range(n))
+        for n in (150, 260, 330)
+    ]
+    prompt_file = tmp_path / "prompts.txt"
+    prompt_file.write_text("\n".join(texts) + "\n")
+    store = make_store(tmp_path / "store")
+    common = ["--config", str(store.config_file), "--model", str(models[kind])]
+    engine_flags = [
+        *("--dtype", "float32", "--block-size", str(case.block), "--max-model-len", "4096"),
+        *("--kv-cache-memory", "64MiB", "--engine-arg", "enforce_eager=true"),
+        *("--engine-arg", f"max_num_batched_tokens={case.budget}"),
+    ]
+    _cli("init", "--config", str(store.config_file), "--create-path", json_out=False)
+    warmed = _cli("warm", *common, *engine_flags, "--prompts", str(prompt_file))
+    assert warmed["result"]["blocks_saved"] > 0
+    found = _cli("lookup", *common, "--prompts", str(prompt_file))
+
+    def run(kv: dict[str, Any] | None) -> EngineResult:
+        return run_engine(
+            EngineRun(
+                model=str(models[kind]),
+                prompts=texts,
+                max_tokens=8,
+                block_size=case.block,
+                dtype="float32",
+                kv_transfer_config=kv,
+                kv_cache_memory_bytes=64 << 20,
+                max_model_len=4096,
+                max_num_batched_tokens=case.budget,
+                warmup_tokens=0,
+                timeout_s=RUN_TIMEOUT_S,
+            )
+        )
+
+    loaded = run(store.kv_config())
+    assert [p["cached_tokens"] for p in found["prompts"]] == [
+        r.num_cached_tokens for r in loaded.requests
+    ]
+    assert all(r.num_cached_tokens > 0 for r in loaded.requests)
+    assert loaded.outputs == run(None).outputs
