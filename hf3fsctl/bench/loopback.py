@@ -31,8 +31,7 @@ def check_loopback_url(url: str) -> str:
         loopback = False
     if not loopback:
         raise InvalidRequest(
-            f"--url {url!r} is not on loopback: the benchmark only loads servers on "
-            "this machine",
+            f"--url {url!r} is not on loopback: the benchmark only loads servers on this machine",
             hint="run it on the server's host against http://127.0.0.1:PORT or "
             "http://localhost:PORT",
         )
