@@ -77,8 +77,13 @@ def connect(config: Config, *, create: bool = False, read_only: bool = False) ->
     if db is not None and not create and not db.exists():
         raise NotFound(
             f"metadata database {db} does not exist",
-            hint=f"create the store with `hf3fsctl init --storage-path {config.storage.path}`, "
-            "or point metadata.url / --config at an existing one",
+            hint=f"create the store with `hf3fsctl init --storage-path {config.storage.path}`"
+            + (
+                ""
+                if Path(config.storage.path).is_dir()
+                else " (mount its file system first, or add --create-path)"
+            )
+            + ", or point metadata.url / --config at an existing one",
         )
     return connect_url(config, read_only=read_only and not create)
 

@@ -71,7 +71,8 @@ def check_storage(report: Report, cfg: Config) -> bool:
             "storage.path",
             "fail",
             f"{root} does not exist",
-            f"hf3fsctl init --storage-path {root}",
+            f"mount its file system, or create it: `hf3fsctl init --storage-path {root} "
+            "--create-path`",
         )
         return False
     report.add("storage.path", "ok", f"{root} exists")

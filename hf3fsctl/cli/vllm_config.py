@@ -58,8 +58,8 @@ def check_store(cfg: Config) -> None:
     if not root.is_dir():
         raise NotFound(
             f"storage path {root} does not exist here",
-            hint=f"create the store with `hf3fsctl init --storage-path {root}`, mount its "
-            "file system, or pass --no-check if this node is not the one vLLM runs on",
+            hint=f"mount its file system, or create the store with `hf3fsctl init "
+            f"--storage-path {root} --create-path`; --no-check prints it anyway",
         )
     with context.open_client(cfg, read_only=True) as client:
         client.health()
