@@ -241,6 +241,17 @@ def check_capacity(report: Report, cfg: Config, client: MetadataClient) -> None:
             f"hf3fsctl init --storage-path {cfg.storage.path} --capacity 80%",
         )
         return
+    from hf3fsctl.cli.init import MIN_CAPACITY
+
+    if info.capacity_bytes < MIN_CAPACITY:  # recorded by an hf3fsctl that did not check
+        report.add(
+            "store.capacity",
+            "fail",
+            f"capacity {format_size(info.capacity_bytes)} is too small to hold a page: "
+            "every save is refused",
+            f"hf3fsctl init --storage-path {cfg.storage.path} --capacity 80%",
+        )
+        return
     share = info.bytes_used / info.capacity_bytes
     detail = (
         f"{format_size(info.bytes_used)} of {format_size(info.capacity_bytes)} held "

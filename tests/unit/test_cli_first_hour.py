@@ -95,6 +95,18 @@ def test_reinit_with_a_too_small_capacity_keeps_the_recorded_one(store: Store) -
     assert cli_json(store, "stats")["capacity_bytes"] == before
 
 
+def test_doctor_fails_a_store_whose_recorded_capacity_holds_no_page(store: Store) -> None:
+    from hf3fsctl.meta.client import connect
+
+    client = connect(store.config())  # as an hf3fsctl that did not check recorded it
+    try:
+        client.set_capacity(1024)
+    finally:
+        client.close()
+    checks = {c["name"]: c for c in json.loads(cli(store, "doctor", "--json").stdout)["checks"]}
+    assert checks["store.capacity"]["status"] == "fail"
+
+
 # --- 2. a read-only store: stats, ls, doctor read it; evict is one line ---------------
 
 
