@@ -247,8 +247,9 @@ class Block:
 sys.meta_path.insert(0, Block())
 failed = {{}}
 for name in {names!r}:
-    for loaded in [m for m in sys.modules if m.split(".")[0] == "hf3fsctl"]:
-        del sys.modules[loaded]  # each module from none of ours (third-party ones stay)
+    # One interpreter, the finder in place from the start: any module importing a
+    # blocked one at import time fails (a failed import is not cached, so a module
+    # first reached through another is tried again here and fails under its own name).
     try:
         importlib.import_module(name)
     except Exception as exc:
