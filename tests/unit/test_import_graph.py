@@ -359,8 +359,8 @@ MAY_IMPORT: dict[str, frozenset[str]] = {
 }
 # Rooms inside `hf3fsctl.meta` and which of them each may import: the metadata package's
 # own rules, kept by its owner (docs/design.md, the metadata section). A key is a module or
-# package under `hf3fsctl.meta` (e.g. "hf3fsctl.meta.sqlite"), its value the others under
-# `hf3fsctl.meta` it may import; a module in no key is unconstrained inside meta.
+# package under `hf3fsctl.meta` (e.g. "hf3fsctl.meta.sqlite"), its value the other keys it
+# may import, and "hf3fsctl.meta" for the modules in no key (those are unconstrained).
 META_MAY_IMPORT: dict[str, frozenset[str]] = {}
 
 
@@ -409,6 +409,12 @@ def test_the_layer_checker_finds_a_forbidden_import() -> None:
     assert layer_violations(edges, rooms, rules) == [
         "lib.bench.run imports lib.cli.output (bench may not import cli)"
     ]
+
+
+def test_the_metadata_rooms_name_real_modules() -> None:
+    names = [*META_MAY_IMPORT, *(n for v in META_MAY_IMPORT.values() for n in v)]
+    unknown = sorted({n for n in names if n not in modules() or room_of(n) != "meta"})
+    assert unknown == []
 
 
 def test_the_metadata_rooms_follow_their_rules() -> None:
