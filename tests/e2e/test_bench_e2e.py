@@ -31,8 +31,9 @@ PEER = ("example-cold", "example-warm")
 
 
 @pytest.fixture(scope="module")
-def quick_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """`hf3fsctl bench e2e --quick --peer example --peer lmcache --json --plot ...`, once."""
+def quick_run(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path) -> dict[str, Any]:
+    """`hf3fsctl bench e2e --quick --peer example --peer lmcache --json --plot ...`, once,
+    on the session's tiny model (the one `--quick` would build: SIZES["tiny"])."""
     import subprocess
 
     tmp = tmp_path_factory.mktemp("bench-e2e")
@@ -48,6 +49,8 @@ def quick_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         "example",
         "--peer",
         "lmcache",
+        "--model",
+        str(tiny_model),
         "--work-dir",
         str(tmp / "work"),
         "--timeout",
