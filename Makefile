@@ -68,7 +68,7 @@ redis:
 	  --no-install-recommends redis-server redis-sentinel >/dev/null; }
 
 pytest: setup promtool redis
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=25
 
 # Optional: compile the gather/scatter ops (hf3fsctl/ops/csrc/) into the per-user cache that
 # staging searches ($$XDG_CACHE_HOME/hf3fsctl/ops/); CUDA when nvcc and a CUDA torch are
