@@ -26,15 +26,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from hf3fsctl.bench import report
 from hf3fsctl.errors import InvalidRequest, StorageError
 from hf3fsctl.storage.layout import PageFile, slot_bytes
 from hf3fsctl.storage.posix import MAX_TASK_BYTES, PosixEngine
-
-if TYPE_CHECKING:
-    pass
 
 NS = "0000000000be4c00"
 KiB = 1 << 10

@@ -8,14 +8,11 @@ whose outputs differ from `none`'s is flagged, never silently compared.
 from __future__ import annotations
 
 from dataclasses import asdict
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from hf3fsctl.bench import report
 from hf3fsctl.bench.e2e.samples import ratio_of
 from hf3fsctl.bench.e2e.settings import GOAL_COLD_PREFILL, REFERENCES, E2ESettings
-
-if TYPE_CHECKING:
-    pass
 
 
 def settings_dict(settings: E2ESettings) -> dict[str, Any]:

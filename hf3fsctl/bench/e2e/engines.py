@@ -14,13 +14,10 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from hf3fsctl.bench.e2e.settings import MIB, TOKEN_ID_LIMIT, E2ESettings
 from hf3fsctl.errors import Hf3fsctlError, InvalidRequest
-
-if TYPE_CHECKING:
-    pass
 
 
 def model_shape(model: Path) -> dict[str, int]:

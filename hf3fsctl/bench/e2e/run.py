@@ -12,7 +12,7 @@ import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from hf3fsctl.bench import report
 from hf3fsctl.bench.e2e.document import build_document
@@ -31,9 +31,6 @@ from hf3fsctl.bench.e2e.settings import (
     validate,
 )
 from hf3fsctl.bench.e2e.url import run_url
-
-if TYPE_CHECKING:
-    pass
 
 
 def run(settings: E2ESettings, progress: report.Progress | None = None) -> dict[str, Any]:

@@ -11,13 +11,9 @@ import os
 import random
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from hf3fsctl.errors import InvalidRequest
-
-if TYPE_CHECKING:
-    pass
-
 
 MIB = 1 << 20
 

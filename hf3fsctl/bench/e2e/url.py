@@ -13,7 +13,7 @@ import random
 import time
 from collections.abc import Callable
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from hf3fsctl.bench.e2e.document import build_document
 from hf3fsctl.bench.e2e.samples import Samples, percentile
@@ -25,9 +25,6 @@ from hf3fsctl.bench.e2e.settings import (
 )
 from hf3fsctl.bench.loopback import check_loopback_url
 from hf3fsctl.errors import Hf3fsctlError
-
-if TYPE_CHECKING:
-    pass
 
 
 async def _stream_one(

@@ -20,14 +20,10 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from hf3fsctl.bench.loopback import free_port
 from hf3fsctl.bench.metadata.stores import StoreSpec
 from hf3fsctl.errors import MetadataUnavailable
-
-if TYPE_CHECKING:
-    pass
 
 
 def rss_bytes(pid: int) -> int:

@@ -15,7 +15,7 @@ import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from hf3fsctl.bench import report
 from hf3fsctl.bench.metadata.cells import cutoff_s, measure_cell, measure_cells
@@ -29,6 +29,18 @@ from hf3fsctl.bench.metadata.figures import (
     memory_figures,
 )
 from hf3fsctl.bench.metadata.processes import Server, probe_embedded, rss_bytes, serving
+from hf3fsctl.bench.metadata.settings import (
+    BATCH,
+    FILL_CHUNK,
+    FULL_NAMESPACES,
+    FULL_OPS,
+    LOOKUP_KEYS,
+    OPS,
+    OPTIONAL_MODES,
+    PAGE_BYTES,
+    URL_FILL_CHUNK,
+    MetadataSettings,
+)
 from hf3fsctl.bench.metadata.stores import (
     StoreSpec,
     bench_manifest,
@@ -43,21 +55,6 @@ from hf3fsctl.bench.metadata.stores import (
     store_keys,
 )
 from hf3fsctl.errors import MetadataUnavailable
-
-if TYPE_CHECKING:
-    pass
-from hf3fsctl.bench.metadata.settings import (
-    BATCH,
-    FILL_CHUNK,
-    FULL_NAMESPACES,
-    FULL_OPS,
-    LOOKUP_KEYS,
-    OPS,
-    OPTIONAL_MODES,
-    PAGE_BYTES,
-    URL_FILL_CHUNK,
-    MetadataSettings,
-)
 
 
 def _stores_needed(ops: Sequence[str]) -> list[str]:

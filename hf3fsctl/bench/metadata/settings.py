@@ -8,14 +8,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from hf3fsctl.bench.loopback import check_loopback_url
 from hf3fsctl.errors import InvalidRequest
-
-if TYPE_CHECKING:
-    pass
-
 
 OPS = ("ping", "lookup", "locate", "alloc_commit", "full_1ns", "full_8ns")
 
