@@ -16,6 +16,12 @@ storage root must exist and the metadata store answer. A failed check is one lin
 its exit code (2 no config, 3 no store, 6 service down) — an empty `$(…)` then fails the
 `vllm serve` line instead of pointing vLLM at a store that is not there. `--no-check`
 prints it anyway, for a store that is not reachable from here yet.
+
+`--serve-args` prints instead the whole engine-args file of a serving engine: the
+config's `vllm:` section (the args `hf3fsctl warm` and `verify` also run with) plus
+`kv-transfer-config`, keys as `vllm serve --config FILE.yaml` takes them (JSON is YAML)::
+
+    hf3fsctl vllm-config --serve-args > serve.yaml && vllm serve MODEL --config serve.yaml
 """
 
 from __future__ import annotations
@@ -79,6 +85,14 @@ def vllm_config(
             "and answers (for a store not reachable from here yet).",
         ),
     ] = False,
+    serve_args: Annotated[
+        bool,
+        typer.Option(
+            "--serve-args",
+            help="Print the serving engines' args instead: the config's vllm: section plus "
+            "kv-transfer-config, for `vllm serve --config FILE.yaml`.",
+        ),
+    ] = False,
 ) -> None:
     """Print the JSON for vLLM's --kv-transfer-config (one object on stdout)."""
     cfg = context.load(ctx, config)
@@ -88,6 +102,10 @@ def vllm_config(
     else:
         check_store(cfg)
     document = kv_transfer_config(cfg)
+    if serve_args:
+        document = {k.replace("_", "-"): v for k, v in cfg.vllm.items()} | {
+            "kv-transfer-config": document
+        }
     if compact:
         typer.echo(json.dumps(document, separators=(",", ":")))
     else:

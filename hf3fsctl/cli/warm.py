@@ -14,7 +14,6 @@ what was done. Ctrl-C stops it: what was committed stays valid, a re-run does th
 
 from __future__ import annotations
 
-import json as jsonlib
 import sys
 import time
 from typing import TYPE_CHECKING, Annotated, Any
@@ -27,34 +26,54 @@ from hf3fsctl.cli.options import (
     BlockSizeOpt,
     ConfigOpt,
     DryRunOpt,
-    DtypeOpt,
     FormatOpt,
     JsonOpt,
     ModelOpt,
     NamespaceOpt,
     PromptsOpt,
-    TensorParallelOpt,
 )
 from hf3fsctl.cli.prompt_set import read_prompt_set, show_candidates
-from hf3fsctl.errors import InvalidRequest
 
 if TYPE_CHECKING:
+    from hf3fsctl.offline.engine_args import EngineArgs
     from hf3fsctl.offline.warm import WarmPlan, WarmProgress
 
+EngineArgsFileOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--engine-args-file",
+        metavar="FILE",
+        help="The serving engines' args: the YAML/JSON file `vllm serve --config` reads "
+        "(over the config's vllm: section; flags win).",
+    ),
+]
+EngineArgOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--engine-arg", metavar="KEY=VALUE", help="Any other vllm.LLM argument (repeatable)."
+    ),
+]
+FlagDtypeOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--dtype", help="vLLM --dtype (auto, float16, bfloat16, float32); default: the config's."
+    ),
+]
+FlagTensorParallelOpt = Annotated[
+    int | None,
+    typer.Option("--tensor-parallel-size", "-tp", min=1, help="vLLM's tensor parallel size."),
+]
 
-def parse_engine_args(pairs: list[str] | None) -> dict[str, Any]:
-    """`KEY=VALUE` pairs → engine kwargs (values parsed as JSON when they are JSON)."""
-    out: dict[str, Any] = {}
-    for pair in pairs or []:
-        key, sep, value = pair.partition("=")
-        key = key.strip().replace("-", "_")
-        if not sep or not key:
-            raise InvalidRequest(f"--engine-arg {pair!r} is not KEY=VALUE")
-        try:
-            out[key] = jsonlib.loads(value)
-        except ValueError:
-            out[key] = value
-    return out
+
+def engine_args_of(
+    cfg: Any, engine_args_file: str | None, flags: dict[str, Any], pairs: list[str] | None
+) -> EngineArgs:
+    """The serving engines' args (config `vllm:` < file < flags), for warm and verify."""
+    from hf3fsctl.offline.engine_args import parse_engine_arg_pairs, resolve_engine_args
+
+    return resolve_engine_args(
+        cfg.vllm, engine_args_file, {**flags, **parse_engine_arg_pairs(pairs)}
+    )
 
 
 def _plan_rows(summary: dict[str, Any]) -> dict[str, Any]:
@@ -88,12 +107,12 @@ def warm(
         list[str] | None, typer.Option("--prompt", "-p", help="A prompt (repeatable).")
     ] = None,
     format: FormatOpt = "auto",
-    dtype: DtypeOpt = "auto",
+    dtype: FlagDtypeOpt = None,
     block_size: BlockSizeOpt = None,
     max_model_len: Annotated[
         int | None, typer.Option("--max-model-len", min=1, help="vLLM --max-model-len.")
     ] = None,
-    tensor_parallel_size: TensorParallelOpt = 1,
+    tensor_parallel_size: FlagTensorParallelOpt = None,
     kv_cache_memory: Annotated[
         str | None,
         typer.Option("--kv-cache-memory", metavar="SIZE", help="vLLM's KV cache size (e.g. 4GiB)."),
@@ -107,12 +126,8 @@ def warm(
             help="vLLM's share of GPU memory (0.01-1), on GPUs.",
         ),
     ] = None,
-    engine_arg: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--engine-arg", metavar="KEY=VALUE", help="Any other vllm.LLM argument (repeatable)."
-        ),
-    ] = None,
+    engine_args_file: EngineArgsFileOpt = None,
+    engine_arg: EngineArgOpt = None,
     namespace: NamespaceOpt = None,
     dry_run: DryRunOpt = False,
     config: ConfigOpt = None,
@@ -120,23 +135,24 @@ def warm(
 ) -> None:
     """Prefill prompts into the cache (vLLM offline, one output token), skipping what is cached."""
     from hf3fsctl.config import parse_size
+    from hf3fsctl.offline.engine_args import engine_options
     from hf3fsctl.offline.namespaces import AmbiguousNamespace
-    from hf3fsctl.offline.warm import EngineOptions, plan_warm
+    from hf3fsctl.offline.warm import plan_warm
     from hf3fsctl.prompt_keys import load_tokenizer
 
     cfg = context.load(ctx, config)
-    options = EngineOptions(
-        model=model,
-        dtype=dtype,
-        block_size=block_size,
-        max_model_len=max_model_len,
-        tensor_parallel_size=tensor_parallel_size,
-        kv_cache_memory_bytes=parse_size(kv_cache_memory, "--kv-cache-memory")
+    flags = {
+        "dtype": dtype,
+        "block_size": block_size,
+        "max_model_len": max_model_len,
+        "tensor_parallel_size": tensor_parallel_size,
+        "kv_cache_memory_bytes": parse_size(kv_cache_memory, "--kv-cache-memory")
         if kv_cache_memory
         else None,
-        gpu_memory_utilization=gpu_memory_utilization,
-        engine_args=parse_engine_args(engine_arg),
-    )
+        "gpu_memory_utilization": gpu_memory_utilization,
+    }
+    args = engine_args_of(cfg, engine_args_file, flags, engine_arg)
+    options = engine_options(model, args)
     items, problems = read_prompt_set(prompts, prompt, format)
     with context.open_client(cfg) as client:
         tokenizer = load_tokenizer(model)
@@ -150,7 +166,11 @@ def warm(
                 f"{item.origin}: {item.tokens} tokens, longer than max_model_len "
                 f"{plan.max_model_len} (skipped)"
             )
-        document: dict[str, Any] = {"plan": plan.summary(), "dry_run": dry_run}
+        document: dict[str, Any] = {
+            "plan": plan.summary(),
+            "dry_run": dry_run,
+            "engine_args": args.to_dict(),
+        }
         if dry_run or not plan.by_status("todo"):
             if not dry_run:
                 document["result"] = None
@@ -248,6 +268,8 @@ def _finish(document: dict[str, Any], plan: WarmPlan, json: bool) -> None:
         output.print_json(document)
         return
     output.show(output.key_values(_plan_rows(document["plan"]), title="warm plan"))
+    if document["engine_args"]:
+        output.show(output.key_values(_shown_args(document["engine_args"]), title="engine args"))
     result = document.get("result")
     if result is None:
         if document.get("message"):
@@ -272,3 +294,19 @@ def _finish(document: dict[str, Any], plan: WarmPlan, json: bool) -> None:
             title="warm result",
         )
     )
+    if result.get("numerics"):
+        output.show(output.key_values(result["numerics"], title="numerics (the engine's)"))
+    if result.get("dropped_args"):
+        output.warning(
+            "not engine args, left to `vllm serve`: " + ", ".join(result["dropped_args"])
+        )
+
+
+def _shown_args(engine_args: dict[str, Any]) -> dict[str, str]:
+    from hf3fsctl.offline.engine_args import EngineArgs
+
+    merged = EngineArgs(
+        {k: v["value"] for k, v in engine_args.items()},
+        {k: v["source"] for k, v in engine_args.items()},
+    )
+    return merged.shown()

@@ -19,9 +19,12 @@ from hf3fsctl.config.schema import (
     QUOTAS,
     QUOTAS_HELP,
     SECTIONS,
+    VLLM,
+    VLLM_HELP,
     Config,
     coerce_value,
     config_keys,
+    engine_args_mapping,
     unknown_key_error,
 )
 from hf3fsctl.config.units import parse_amount
@@ -47,6 +50,9 @@ def _flatten(data: Mapping[str, Any], origin: str) -> dict[str, Any]:
     for name, value in data.items():
         if "." in name:
             flat[name] = value
+        elif name == VLLM:  # engine args stay whole (nested values such as compilation_config)
+            for sub, sub_value in engine_args_mapping(value, f"{origin}: {VLLM}").items():
+                flat[f"{VLLM}.{sub}"] = sub_value
         elif name == QUOTAS:
             if value is None:
                 continue
@@ -170,8 +176,12 @@ def build_config(layers: list[tuple[str, Mapping[str, Any]]], source: str | None
     known = config_keys()
     values: dict[str, Any] = {}
     quotas: dict[str, str] = {}
+    engine_args: dict[str, Any] = {}
     for origin, layer in layers:
         for key, value in _flatten(layer, origin).items():
+            if key.startswith(VLLM + "."):
+                engine_args[key[len(VLLM) + 1 :].replace("-", "_")] = value
+                continue
             if key.startswith(QUOTAS + "."):
                 name = key[len(QUOTAS) + 1 :]
                 if not name:
@@ -185,7 +195,7 @@ def build_config(layers: list[tuple[str, Mapping[str, Any]]], source: str | None
     for name, cls in SECTIONS.items():
         kwargs = {k.split(".", 1)[1]: v for k, v in values.items() if k.startswith(name + ".")}
         sections[name] = cls(**kwargs)
-    return Config(**sections, quotas=quotas, source=source)
+    return Config(**sections, quotas=quotas, vllm=engine_args, source=source)
 
 
 def load_config(
@@ -230,6 +240,14 @@ def dump_config(config: Config) -> str:
         lines.extend(f"  {_yaml_scalar(k)}: {_yaml_scalar(v)}" for k, v in config.quotas.items())
     else:
         lines.append(f"{QUOTAS}: {{}}")
+    lines.append(f"# {VLLM_HELP}")
+    if config.vllm:
+        import json
+
+        lines.append(f"{VLLM}:")
+        lines.extend(f"  {k}: {json.dumps(v)}" for k, v in config.vllm.items())
+    else:
+        lines.append(f"{VLLM}: {{}}")
     return "\n".join(lines) + "\n"
 
 

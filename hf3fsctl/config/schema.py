@@ -311,6 +311,17 @@ class ConnectorConfig(ConfigSection):
     kv_events_medium: str = _field(
         "HF3FS", "the `medium` of the connector's KV events (names this store to routers)"
     )
+    strict_numerics: bool = _field(
+        False,
+        "put the engine's numerics (compilation, CUDA graphs, dtypes, batch invariance, "
+        "device, vLLM and torch versions) into the namespace: engines that compute KV "
+        "differently never share pages",
+    )
+    capture: bool = _field(
+        False,
+        "`hf3fsctl verify` only: keep the pages a save would write in memory; load "
+        "nothing, save nothing",
+    )
 
 
 def _check_quotas(quotas: Mapping[str, Any]) -> dict[str, str]:
@@ -337,7 +348,14 @@ class Config(BaseModel):
     # Namespace id or model name → most bytes it may hold (a size, or a share of the
     # store's capacity). A model's quota covers all of its namespaces together.
     quotas: dict[str, str] = Field(default_factory=dict)
+    # Engine args of the serving engines, as `vllm serve` takes them (`warm`, `verify`).
+    vllm: dict[str, Any] = Field(default_factory=dict)
     source: str | None = Field(default=None, exclude=True)
+
+    @field_validator("vllm", mode="before")
+    @classmethod
+    def _vllm(cls, value: Any) -> Any:
+        return engine_args_mapping(value, VLLM)
 
     @field_validator("quotas", mode="before")
     @classmethod
@@ -381,6 +399,7 @@ class Config(BaseModel):
             name: getattr(self, name).model_dump() for name in SECTIONS
         }
         data[QUOTAS] = dict(self.quotas)
+        data[VLLM] = dict(self.vllm)
         return data
 
 
@@ -389,6 +408,34 @@ QUOTAS_HELP = (
     "per-namespace or per-model caps, e.g. {my-org/llama-8b: 40%, 0123456789abcdef: 100GiB} "
     "(a share is of the store's capacity)"
 )
+
+VLLM = "vllm"
+VLLM_HELP = (
+    "engine args of the serving engines, as `vllm serve` takes them (its --config file's "
+    "keys, e.g. {enforce_eager: true, dtype: bfloat16, compilation_config: {mode: 3}}): "
+    "`hf3fsctl warm` and `verify` run their engine with them"
+)
+
+
+def engine_args_mapping(value: Any, origin: str) -> dict[str, Any]:
+    """vLLM engine args from YAML/JSON: a mapping, keys as `vllm serve`'s options
+    (`enforce-eager` or `enforce_eager`) → `vllm.LLM` keyword names.
+
+    Raises:
+        ConfigError: not a mapping, or a key that is not a name.
+    """
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise ConfigError(f"{origin}: must map vLLM engine args to values (enforce_eager: true)")
+    out: dict[str, Any] = {}
+    for key, item in value.items():
+        name = str(key).strip().lstrip("-").replace("-", "_")
+        if not name.isidentifier():
+            raise ConfigError(f"{origin}: {key!r} is not a vLLM engine arg name")
+        out[name] = item
+    return out
+
 
 SECTIONS: dict[str, type[ConfigSection]] = {
     "storage": StorageConfig,

@@ -317,6 +317,8 @@ class WarmResult:
     prefill_s: float  # generate() wall time
     wall_s: float
     interrupted: bool = False
+    numerics: dict[str, str] = field(default_factory=dict)  # `vllm_tools.numerics`
+    dropped_args: list[str] = field(default_factory=list)  # not engine args (serve-only)
 
     def to_dict(self) -> dict[str, Any]:
         from dataclasses import asdict
@@ -425,10 +427,14 @@ def run_warm(
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
-    kwargs = options.llm_kwargs()
+    from hf3fsctl.offline.engine_args import split_llm_kwargs
+    from hf3fsctl.vllm_tools.numerics import engine_numerics
+
+    kwargs, dropped = split_llm_kwargs(options.llm_kwargs())  # `dropped`: shown by the CLI
     kwargs["kv_transfer_config"] = kv_transfer_config
     llm = LLM(**kwargs)
     engine_start = time.monotonic() - started
+    numerics = engine_numerics(llm.llm_engine.vllm_config)
     todo = plan.by_status("todo")
     skipped = 0
     namespace = _engine_namespace(client)
@@ -491,6 +497,8 @@ def run_warm(
         prefill_s=prefill_s,
         wall_s=time.monotonic() - started,
         interrupted=interrupted,
+        numerics=numerics,
+        dropped_args=dropped,
     )
     if interrupted:
         raise WarmInterrupted(result)
