@@ -22,13 +22,11 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from hf3fsctl.config.schema import engine_args_mapping
 from hf3fsctl.errors import ConfigError, InvalidRequest
-
-if TYPE_CHECKING:
-    from hf3fsctl.offline.warm import EngineOptions
+from hf3fsctl.offline.namespaces import NamespaceQuery
 
 CONFIG_SOURCE = "config vllm:"
 FLAG_SOURCE = "flag"
@@ -135,6 +133,46 @@ def split_llm_kwargs(kwargs: Mapping[str, Any]) -> tuple[dict[str, Any], list[st
     return kept, sorted(k for k in kwargs if k not in known)
 
 
+@dataclass(frozen=True)
+class EngineOptions:
+    """vLLM engine settings `warm` passes through (None = vLLM's default)."""
+
+    model: str
+    dtype: str = "auto"
+    block_size: int | None = None
+    max_model_len: int | None = None
+    tensor_parallel_size: int = 1
+    kv_cache_memory_bytes: int | None = None
+    gpu_memory_utilization: float | None = None
+    engine_args: dict[str, Any] = field(default_factory=dict)  # --engine-arg KEY=VALUE
+
+    def query(self) -> NamespaceQuery:
+        return NamespaceQuery(
+            model=self.model,
+            dtype=self.dtype,
+            block_size=self.block_size,
+            tp_size=self.tensor_parallel_size,
+        )
+
+    def llm_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments of `vllm.LLM` (engine args last: they win)."""
+        kwargs: dict[str, Any] = {
+            "model": self.model,
+            "dtype": self.dtype,
+            "tensor_parallel_size": self.tensor_parallel_size,
+            "enable_prefix_caching": True,
+        }
+        optional = {
+            "block_size": self.block_size,
+            "max_model_len": self.max_model_len,
+            "kv_cache_memory_bytes": self.kv_cache_memory_bytes,
+            "gpu_memory_utilization": self.gpu_memory_utilization,
+        }
+        kwargs.update({k: v for k, v in optional.items() if v is not None})
+        kwargs.update(self.engine_args)
+        return kwargs
+
+
 def engine_options(model: str, args: EngineArgs) -> EngineOptions:
     """`warm`'s `EngineOptions` from merged args (the typed ones taken out, the rest
     passed to `vllm.LLM` as they are; `model` and `kv_transfer_config` are warm's own).
@@ -143,7 +181,6 @@ def engine_options(model: str, args: EngineArgs) -> EngineOptions:
         ConfigError: a typed arg of the wrong type (`block_size: big`).
     """
     from hf3fsctl.config import parse_size
-    from hf3fsctl.offline.warm import EngineOptions
 
     rest = {k: v for k, v in args.values.items() if k not in OWN_ARGS}
 

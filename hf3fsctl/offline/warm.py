@@ -36,8 +36,8 @@ from typing import Any
 from hf3fsctl.errors import InvalidRequest
 from hf3fsctl.meta.models import NamespaceInfo
 from hf3fsctl.meta.protocol import MetadataClient
+from hf3fsctl.offline.engine_args import EngineOptions
 from hf3fsctl.offline.namespaces import (
-    NamespaceQuery,
     hybrid_set,
     kv_dtype_name,
     resolve_namespace,
@@ -50,46 +50,6 @@ logger = logging.getLogger(__name__)
 
 CHUNK_TOKENS = 16384  # prompt tokens per generate() call: progress granularity
 _DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "fp8": 1, "fp8_e4m3": 1}
-
-
-@dataclass(frozen=True)
-class EngineOptions:
-    """vLLM engine settings `warm` passes through (None = vLLM's default)."""
-
-    model: str
-    dtype: str = "auto"
-    block_size: int | None = None
-    max_model_len: int | None = None
-    tensor_parallel_size: int = 1
-    kv_cache_memory_bytes: int | None = None
-    gpu_memory_utilization: float | None = None
-    engine_args: dict[str, Any] = field(default_factory=dict)  # --engine-arg KEY=VALUE
-
-    def query(self) -> NamespaceQuery:
-        return NamespaceQuery(
-            model=self.model,
-            dtype=self.dtype,
-            block_size=self.block_size,
-            tp_size=self.tensor_parallel_size,
-        )
-
-    def llm_kwargs(self) -> dict[str, Any]:
-        """Keyword arguments of `vllm.LLM` (engine args last: they win)."""
-        kwargs: dict[str, Any] = {
-            "model": self.model,
-            "dtype": self.dtype,
-            "tensor_parallel_size": self.tensor_parallel_size,
-            "enable_prefix_caching": True,
-        }
-        optional = {
-            "block_size": self.block_size,
-            "max_model_len": self.max_model_len,
-            "kv_cache_memory_bytes": self.kv_cache_memory_bytes,
-            "gpu_memory_utilization": self.gpu_memory_utilization,
-        }
-        kwargs.update({k: v for k, v in optional.items() if v is not None})
-        kwargs.update(self.engine_args)
-        return kwargs
 
 
 @dataclass
