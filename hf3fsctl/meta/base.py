@@ -35,6 +35,7 @@ from hf3fsctl.errors import InvalidRequest, NotFound
 from hf3fsctl.keys import check_keys, check_namespace_id, namespace_id
 from hf3fsctl.meta.giveback import GiveBack, HolePuncher
 from hf3fsctl.meta.models import (
+    MAX_WRITER_SETTINGS,
     AllocateResult,
     Allocation,
     CapacityInfo,
@@ -52,6 +53,7 @@ from hf3fsctl.meta.models import (
     PinResult,
     RankFile,
     StoreStats,
+    WriterInfo,
     page_triples,
 )
 from hf3fsctl.meta.policy import StorePolicy, resolve_capacity
@@ -243,6 +245,12 @@ class StoreCore:
     def _changes(self, since: int, namespace: str | None, limit: int) -> ChangeLog:
         raise NotImplementedError
 
+    def _record_writer(self, namespace: str, writer: WriterInfo) -> None:
+        raise NotImplementedError
+
+    def _writers(self, namespace: str | None) -> dict[str, list[WriterInfo]]:
+        raise NotImplementedError
+
     def stats(self) -> StoreStats:
         raise NotImplementedError
 
@@ -320,6 +328,30 @@ class StoreCore:
         for ns in namespace_ids:
             check_namespace_id(ns)
         return self._drop_namespaces(list(dict.fromkeys(namespace_ids)), dry_run)
+
+    def record_writer(self, namespace: str, writer: WriterInfo) -> None:
+        """Record an engine that wrote to `namespace`; the first record of an id is kept.
+
+        Raises:
+            NotFound: the namespace is not registered.
+            InvalidRequest: more than `MAX_WRITER_SETTINGS` settings.
+        """
+        check_namespace_id(namespace)
+        writer = WriterInfo.model_validate(writer)
+        if len(writer.numerics) > MAX_WRITER_SETTINGS:
+            raise InvalidRequest(
+                f"a writer records at most {MAX_WRITER_SETTINGS} settings, "
+                f"got {len(writer.numerics)}"
+            )
+        self._get_namespace(namespace)  # NotFound
+        self._record_writer(namespace, writer.model_copy(update={"first_seen": time.time()}))
+
+    def writers(self, namespace: str | None = None) -> dict[str, list[WriterInfo]]:
+        """Recorded writers by namespace id (one namespace's, or all), oldest first."""
+        if namespace is not None:
+            check_namespace_id(namespace)
+        found = self._writers(namespace)
+        return {ns: sorted(ws, key=lambda w: (w.first_seen, w.id)) for ns, ws in found.items()}
 
     def namespace_stats(self, namespace: str) -> NamespaceStats:
         """Usage and traffic of one namespace; `NotFound` if absent."""

@@ -322,6 +322,32 @@ class PinInfo(_Model):
     stored: bool  # committed on every rank now
 
 
+WriterId = Annotated[str, Field(pattern=r"^[0-9a-f]{12}$")]
+MAX_WRITER_SETTINGS = 32  # settings one writer records, each at most 200 characters
+
+
+class WriterInfo(_Model):
+    """An engine that wrote pages to a namespace: its numerics (the settings that decide
+    the KV's bits, `hf3fsctl.vllm_tools.numerics`) and their short hash."""
+
+    id: WriterId  # `numerics_hash(numerics)`
+    numerics: dict[str, Annotated[str, Field(max_length=200)]]
+    first_seen: float = 0.0  # when the store first recorded it (the store's clock)
+
+
+class RecordWriterRequest(_Model):
+    """Record a writer of a namespace (idempotent: the first record of an id is kept)."""
+
+    namespace: NamespaceId
+    writer: WriterInfo
+
+
+class WritersResponse(_Model):
+    """Recorded writers by namespace id, oldest first."""
+
+    writers: dict[str, list[WriterInfo]]
+
+
 class DropNamespacesRequest(_Model):
     """Remove namespaces' metadata: entries, rank files, pins, the namespace itself."""
 

@@ -4,7 +4,7 @@
 | --- | --- | --- |
 | `DataPath` | `register_namespace`, `register_rank`, `lookup`, `locate`, `allocate`, `commit`, `release`, `invalidate`, `health`, `close` | the connector and `Tier` (every request) |
 | `ChangeFeed` | `changes` | the connector's KV events |
-| `Registry` | `get_namespace`, `namespaces`, `drop_namespaces` | `ls`, `evict --stale`, `warm` |
+| `Registry` | `get_namespace`, `namespaces`, `drop_namespaces`, `record_writer`, `writers` | `ls`, `evict --stale`, `warm`, the connector's writer record |
 | `Admin` | `evict`, `stats`, `list_entries`, `capacity`, `set_capacity`, `pin`, `unpin`, `list_pins` | the CLI, the bench |
 | `MetadataClient` | all of the above | admin tools, the server |
 
@@ -30,6 +30,11 @@ None restates these signatures' contract; it is here:
   that exact page and checksum is dropped on every rank (pages freed honouring read
   leases); a key re-saved since is left alone. Returns how many keys were dropped;
   idempotent.
+- `record_writer(ns, writer)` records an engine that wrote pages to a namespace (its
+  numerics and their hash, `WriterInfo`); the first record of an id is kept, so it is
+  idempotent. `writers(ns=None)` → recorded writers by namespace, oldest first; a
+  namespace with two is one whose pages were computed with other numerics
+  (docs/design.md decision 15). Dropping a namespace drops its writers.
 - Admin: `capacity()` / `set_capacity(bytes)` (the store's one budget, recorded in the
   store), `pin` / `unpin` / `list_pins`, `drop_namespaces` (metadata only: the caller
   removes the page files), `evict`, `stats`, `list_entries`.
@@ -67,6 +72,7 @@ from hf3fsctl.meta.models import (
     PinResult,
     RankFile,
     StoreStats,
+    WriterInfo,
 )
 
 InvalidateItems = Sequence[Location | InvalidateItem | tuple[str, int, str]]
@@ -147,6 +153,14 @@ class Registry(Protocol):
     ) -> DropNamespacesResult:
         """Remove namespaces' metadata (the caller removes their page files); a namespace
         whose pages are being written is skipped (its `skipped` says why)."""
+        ...
+
+    def record_writer(self, namespace: str, writer: WriterInfo) -> None:
+        """Record an engine that wrote to `namespace`; the first record of an id is kept."""
+        ...
+
+    def writers(self, namespace: str | None = None) -> dict[str, list[WriterInfo]]:
+        """Recorded writers by namespace id (one namespace's, or all), oldest first."""
         ...
 
 

@@ -181,6 +181,14 @@ def _calls(ns: str) -> list[tuple[str, str, Call]]:
             lambda s: {"json": {"namespace": ns, "rank_file": rank_file(ns, 0, 64).model_dump()}},
         ),
         ("get", "/v1/namespaces", lambda s: {}),
+        (
+            "post",
+            "/v1/writers",
+            lambda s: {
+                "json": {"namespace": ns, "writer": {"id": "a" * 12, "numerics": {"dtype": "bf16"}}}
+            },
+        ),
+        ("get", "/v1/writers", lambda s: {"params": {"namespace": ns}}),
         ("get", "/v1/namespaces/{namespace}", lambda s: {"path": f"/v1/namespaces/{ns}"}),
         (
             "post",

@@ -94,6 +94,8 @@ from hf3fsctl.meta.models import (
     PinResult,
     RankFile,
     StoreStats,
+    WriterInfo,
+    WritersResponse,
     page_triples,
 )
 
@@ -418,6 +420,17 @@ class HttpMetadataClient:
         """Remove namespaces' metadata (not retried)."""
         body = self._dumps({"namespaces": list(namespace_ids), "dry_run": dry_run})
         return self._post("/v1/namespaces/drop", body, DropNamespacesResult, False)
+
+    def record_writer(self, namespace: str, writer: WriterInfo) -> None:
+        """Record an engine that wrote to `namespace` (idempotent: retried)."""
+        body = self._dumps({"namespace": namespace, "writer": writer.model_dump()})
+        self._post("/v1/writers", body, CountResponse, True)
+
+    def writers(self, namespace: str | None = None) -> dict[str, list[WriterInfo]]:
+        """Recorded writers by namespace id, oldest first."""
+        params = {} if namespace is None else {"namespace": namespace}
+        raw = self._call("GET", "/v1/writers", idempotent=True, params=params)
+        return WritersResponse.model_validate_json(raw).writers
 
     def changes(self, since: int, namespace: str | None = None, limit: int = 10_000) -> ChangeLog:
         """The change log after `since` (a read: retried)."""

@@ -56,6 +56,7 @@ from hf3fsctl.meta.models import (
     PinResult,
     RankFile,
     StoreStats,
+    WriterInfo,
 )
 from hf3fsctl.meta.policy import StorePolicy
 from hf3fsctl.meta.redis import reports
@@ -590,8 +591,37 @@ class RedisMetadataStore(StoreCore):
             )
             if item.skipped is None and not dry_run:
                 logger.info("dropped namespace %s (%d keys, %d bytes)", ns, item.keys, item.bytes)
+                self._drop_writers(ns)
             dropped.append(item)
         return DropNamespacesResult(namespaces=dropped, dry_run=dry_run)
+
+    # --- writers: one hash, field "<namespace>:<writer id>" → {numerics, first_seen} --------
+
+    def _record_writer(self, namespace: str, writer: WriterInfo) -> None:
+        value = json.dumps({"numerics": writer.numerics, "first_seen": writer.first_seen})
+        field = f"{namespace}:{writer.id}"
+        self._read(lambda: self._redis.hsetnx(self._key("writers"), field, value))
+
+    def _writers(self, namespace: str | None) -> dict[str, list[WriterInfo]]:
+        rows = self._read(lambda: self._redis.hgetall(self._key("writers")))
+        out: dict[str, list[WriterInfo]] = {}
+        for field, value in rows.items():
+            ns, _, writer_id = str(field).partition(":")
+            if namespace is not None and ns != namespace:
+                continue
+            data = json.loads(value)
+            out.setdefault(ns, []).append(
+                WriterInfo(id=writer_id, numerics=data["numerics"], first_seen=data["first_seen"])
+            )
+        return out
+
+    def _drop_writers(self, namespace: str) -> None:
+        key = self._key("writers")
+        fields = [
+            f for f in self._read(lambda: self._redis.hkeys(key)) if f.startswith(namespace + ":")
+        ]
+        if fields:
+            self._read(lambda: self._redis.hdel(key, *fields))
 
     def _changes(self, since: int, namespace: str | None, limit: int) -> ChangeLog:
         return self._read(

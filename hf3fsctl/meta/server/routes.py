@@ -53,12 +53,14 @@ from hf3fsctl.meta.models import (
     PinInfo,
     PinRequest,
     PinResult,
+    RecordWriterRequest,
     RegisterNamespaceRequest,
     RegisterRankRequest,
     ReleaseRequest,
     SetCapacityRequest,
     StoreStats,
     UnpinRequest,
+    WritersResponse,
 )
 from hf3fsctl.meta.server.errors import JSON
 from hf3fsctl.meta.server.metrics import ServerMetrics
@@ -177,6 +179,21 @@ def add_namespaces(v1: APIRouter, service: Service) -> None:
         return await write(
             lambda: _reply(store.drop_namespaces(body.namespaces, dry_run=body.dry_run))
         )
+
+    @v1.post("/writers", response_model=CountResponse, responses=documented(400, 404, 422))
+    async def record_writer(body: RecordWriterRequest = limited(RecordWriterRequest)) -> Response:
+        """Record an engine that wrote to a namespace (the first record of an id is kept)."""
+
+        def record() -> Response:
+            store.record_writer(body.namespace, body.writer)
+            return _count(1)
+
+        return await write(record)
+
+    @v1.get("/writers", response_model=WritersResponse, responses=documented(422))
+    async def list_writers(namespace: NamespaceQuery = None) -> Response:
+        """Recorded writers by namespace id, oldest first."""
+        return await read(lambda: _reply(WritersResponse(writers=store.writers(namespace))))
 
     @v1.post("/ranks", response_model=NamespaceInfo, responses=documented(400, 404, 409, 422))
     async def register_rank(body: RegisterRankRequest = limited(RegisterRankRequest)) -> Response:

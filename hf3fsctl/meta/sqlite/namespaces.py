@@ -16,7 +16,7 @@ from typing import Any
 
 from hf3fsctl.errors import NamespaceConflict, NotFound
 from hf3fsctl.meta.base import check_rank_file
-from hf3fsctl.meta.models import DroppedNamespace, NamespaceInfo, RankFile
+from hf3fsctl.meta.models import DroppedNamespace, NamespaceInfo, RankFile, WriterInfo
 
 logger = logging.getLogger(__name__)
 
@@ -142,8 +142,37 @@ def drop_namespace(
         ("rank_files", "namespace"),
         ("pins", "namespace"),
         ("evictions", "namespace"),
+        ("writers", "namespace"),
         ("namespaces", "id"),
     ):
         conn.execute(f"DELETE FROM {table} WHERE {column} = ?", (namespace,))
     logger.info("dropped namespace %s (%d keys, %d bytes)", namespace, keys, result.bytes)
     return result
+
+
+def insert_writer(conn: sqlite3.Connection, namespace: str, writer: WriterInfo) -> None:
+    """Record a writer of `namespace` unless its id is recorded (write transaction)."""
+    conn.execute(
+        "INSERT OR IGNORE INTO writers (namespace, id, numerics, first_seen) VALUES (?,?,?,?)",
+        (namespace, writer.id, json.dumps(writer.numerics, sort_keys=True), writer.first_seen),
+    )
+
+
+def all_writers(conn: sqlite3.Connection, namespace: str | None) -> dict[str, list[WriterInfo]]:
+    """Recorded writers by namespace (a store made before the table existed: none)."""
+    query = "SELECT namespace, id, numerics, first_seen FROM writers"
+    args: tuple[str, ...] = ()
+    if namespace is not None:
+        query, args = query + " WHERE namespace = ?", (namespace,)
+    try:
+        rows = conn.execute(query, args).fetchall()
+    except sqlite3.OperationalError as exc:  # read-only open of an older store
+        if "no such table" in str(exc):
+            return {}
+        raise
+    out: dict[str, list[WriterInfo]] = {}
+    for ns, writer_id, numerics, first_seen in rows:
+        out.setdefault(ns, []).append(
+            WriterInfo(id=writer_id, numerics=json.loads(numerics), first_seen=first_seen)
+        )
+    return out

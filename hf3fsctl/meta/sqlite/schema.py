@@ -7,6 +7,9 @@ Tables:
 - `store_info`: `schema_version`, and `capacity_bytes` (the store's one budget, shared by
   every namespace and rank; absent = unbounded).
 - `namespaces`: … plus `last_used` (registration, lookups, loads), for `evict --stale`.
+- `writers`: one row per (namespace, writer id): the numerics of an engine that wrote
+  pages to it (`Registry.record_writer`). Added without a format step: a store opened
+  for writing creates it; a read-only reader of a store without it sees no writers.
 - `rank_files`: one row per (namespace, rank) page file; `next_unused` is the high-water
   mark of pages ever handed out, `used` the pages held by entries, `holes` the free pages
   whose disk space was given back (punched). A growing file holds
@@ -64,6 +67,13 @@ CREATE TABLE IF NOT EXISTS namespaces (
     lookup_keys INTEGER NOT NULL DEFAULT 0,
     hit_keys INTEGER NOT NULL DEFAULT 0,
     last_used REAL NOT NULL DEFAULT 0
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS writers (
+    namespace TEXT NOT NULL,
+    id TEXT NOT NULL,
+    numerics TEXT NOT NULL,
+    first_seen REAL NOT NULL,
+    PRIMARY KEY (namespace, id)
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS rank_files (
     namespace TEXT NOT NULL,

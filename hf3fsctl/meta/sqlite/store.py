@@ -61,6 +61,7 @@ from hf3fsctl.meta.models import (
     PinResult,
     RankFile,
     StoreStats,
+    WriterInfo,
 )
 from hf3fsctl.meta.policy import StorePolicy
 from hf3fsctl.meta.sqlite import capacity as room
@@ -253,6 +254,14 @@ class MetadataStore(SqliteDatabase, StoreCore):
         """Every registered namespace, oldest first."""
         with self._read() as conn:
             return namespaces.all_namespaces(conn)
+
+    def _record_writer(self, namespace: str, writer: WriterInfo) -> None:
+        with self._write() as conn:
+            namespaces.insert_writer(conn, namespace, writer)
+
+    def _writers(self, namespace: str | None) -> dict[str, list[WriterInfo]]:
+        with self._read() as conn:
+            return namespaces.all_writers(conn, namespace)
 
     def _ranks_of(self, conn: sqlite3.Connection, namespace: str) -> int:
         cached = self._num_ranks.get(namespace)
