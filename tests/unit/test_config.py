@@ -247,3 +247,38 @@ def test_config_metadata_target_follows_metadata_url() -> None:
     assert (embedded.scheme, embedded.path) == ("sqlite", "/data/kv/metadata.db")
     served = build_config([("o", {"metadata.url": "https://h:1/p"})]).metadata_target
     assert (served.scheme, served.base) == ("https", "https://h:1/p")
+
+
+def test_every_public_name_still_imports_from_hf3fsctl_config() -> None:
+    """The package's rooms (units, urls, schema, loader) re-export what config.py held."""
+    import hf3fsctl.config as config
+
+    names = [
+        "Amount",
+        "Config",
+        "ConfigKey",
+        "ConfigSection",
+        "ConnectorConfig",
+        "MetadataConfig",
+        "MetadataUrl",
+        "ServerConfig",
+        "StorageConfig",
+        "SECTIONS",
+        "QUOTAS",
+        "QUOTAS_HELP",
+        "ENV_PREFIX",
+        "RESERVED_ENV",
+        "build_config",
+        "config_keys",
+        "dump_config",
+        "env_overrides",
+        "find_config_file",
+        "format_size",
+        "load_config",
+        "parse_amount",
+        "parse_size",
+        "read_yaml",
+    ]
+    assert [n for n in names if not hasattr(config, n)] == []
+    assert len(config.__all__) == len(set(config.__all__))
+    assert set(names) <= set(config.__all__)
