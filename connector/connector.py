@@ -93,7 +93,12 @@ class Hf3fsctlConnector(KVConnectorBase_V1, SupportsHMA):
         super().__init__(vllm_config, role, kv_cache_config)
         _adopt_vllm_logging()
         self.settings = load_settings(vllm_config)
-        stored = build_manifests(vllm_config, kv_cache_config)
+        strict = None
+        if self.settings.connector.strict_numerics:  # docs/design.md decision 15
+            from hf3fsctl.vllm_tools.numerics import engine_numerics, strict_hash
+
+            strict = strict_hash(engine_numerics(vllm_config))
+        stored = build_manifests(vllm_config, kv_cache_config, numerics=strict)
         self.manifest = stored[0][1]  # the first group's (the only one of most models)
         self.groups = [
             GroupPlan(g.index, g.kind, m.namespace_id, g.window_tokens) for g, m in stored
@@ -171,6 +176,12 @@ class Hf3fsctlConnector(KVConnectorBase_V1, SupportsHMA):
         return meta if isinstance(meta, Hf3fsctlConnectorMetadata) else Hf3fsctlConnectorMetadata()
 
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
+        from hf3fsctl.meta.models import WriterInfo
+        from hf3fsctl.vllm_tools.numerics import engine_numerics, numerics_hash
+
+        numerics = engine_numerics(self._vllm_config)  # the model is loaded: its backends
+        for side in self._worker.sides.values():  # recorded with the first committed page
+            side.writer = WriterInfo(id=numerics_hash(numerics), numerics=numerics)
         self._worker.register_kv_caches(kv_caches)
 
     def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:

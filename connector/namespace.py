@@ -208,7 +208,11 @@ def _structure(kv_cache_config: KVCacheConfig) -> str:
 
 
 def _group_manifest(
-    vllm_config: VllmConfig, kv_cache_config: KVCacheConfig, group: StoredGroup, hybrid: bool
+    vllm_config: VllmConfig,
+    kv_cache_config: KVCacheConfig,
+    group: StoredGroup,
+    hybrid: bool,
+    numerics: str | None = None,
 ) -> NamespaceManifest:
     spec: Any = group.spec
     parallel = vllm_config.parallel_config
@@ -231,6 +235,8 @@ def _group_manifest(
         }
         if group.kind == MAMBA:
             extra["mamba_state"] = f"{spec.shapes}:{[_dtype_name(d) for d in spec.dtypes]}"
+    if numerics is not None:  # connector.strict_numerics: other numerics, other namespace
+        extra["numerics"] = numerics
     dtype = spec.dtypes[0] if group.kind == MAMBA else spec.dtype
     return NamespaceManifest(
         model=str(model.model),
@@ -252,7 +258,7 @@ def _group_manifest(
 
 
 def build_manifests(
-    vllm_config: VllmConfig, kv_cache_config: KVCacheConfig
+    vllm_config: VllmConfig, kv_cache_config: KVCacheConfig, *, numerics: str | None = None
 ) -> list[tuple[StoredGroup, NamespaceManifest]]:
     """Each stored group with the manifest of its namespace on this rank.
 
@@ -260,7 +266,8 @@ def build_manifests(
     With more than one group (or a group that is not full attention) every manifest
     records its group index and kind and a fingerprint of the whole group structure,
     so a changed layer pattern never reuses pages. A single full-attention group keeps
-    the manifest it always had (existing stores stay valid).
+    the manifest it always had (existing stores stay valid). `numerics` (the engine's
+    `strict_hash`, with `connector.strict_numerics`) goes into every manifest.
 
     Raises:
         ConfigError: unsupported KV cache groups or pipeline parallelism.
@@ -273,7 +280,7 @@ def build_manifests(
             f"(pipeline_parallel_size={parallel.pipeline_parallel_size})"
         )
     hybrid = len(groups) > 1 or groups[0].kind != FULL
-    return [(g, _group_manifest(vllm_config, kv_cache_config, g, hybrid)) for g in groups]
+    return [(g, _group_manifest(vllm_config, kv_cache_config, g, hybrid, numerics)) for g in groups]
 
 
 def build_manifest(vllm_config: VllmConfig, kv_cache_config: KVCacheConfig) -> NamespaceManifest:

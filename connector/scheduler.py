@@ -193,7 +193,7 @@ class SchedulerSide:
             return True
         if state.lookup is None:
             keys = self._prompt_keys(state.request)
-            if not keys:
+            if not keys or self.config.connector.capture:  # capture mode: load nothing
                 state.hit_blocks = 0
                 return True
             if not self.guard.available() or not self.storage_available():
@@ -359,7 +359,7 @@ class SchedulerSide:
 
     def _plan_saves(self, output: SchedulerOutput) -> list[SaveJob]:
         saves: list[SaveJob] = []
-        saving = self.guard.available()
+        saving = self.guard.available() or self.config.connector.capture  # (kept in memory)
         for req_id, scheduled in output.num_scheduled_tokens.items():
             state = self._requests.get(req_id)
             if state is None or state.hit_blocks is None:

@@ -47,6 +47,10 @@ Contract:
       blocks or dropped saves, counted in the stats.
     * A request with save jobs is reported in `finished_sending` once vLLM has told us it
       finished and all its save jobs have ended.
+    * Writers: after its first committed page, rank 0 records the engine's numerics
+      (`writer`, set by the facade) with the namespace (`Registry.record_writer`).
+    * Capture mode (`connector.capture`, `hf3fsctl verify`): no page file, no
+      registration; save jobs are gathered into memory (`connector.capture`), never written.
 """
 
 from __future__ import annotations
@@ -72,7 +76,7 @@ from hf3fsctl.errors import (
 )
 from hf3fsctl.health import ConnectorHealth
 from hf3fsctl.keys import NamespaceManifest
-from hf3fsctl.meta.models import Location, RankFile
+from hf3fsctl.meta.models import Location, RankFile, WriterInfo
 from hf3fsctl.staging import (
     KVSegment,
     StagingBuffer,
@@ -199,6 +203,9 @@ class WorkerSide:
         self._done_loads: dict[str, set[int]] = {}  # ended loads → failed block ids
         self._load_errors: set[int] = set()  # failed block ids not yet reported
         self._invalidating = 0  # background invalidate calls in flight
+        self.capture = config.connector.capture  # `hf3fsctl verify`: connector.capture
+        self.writer: WriterInfo | None = None  # this engine's numerics, set by the facade
+        self._writer_recorded = False  # recorded with the first committed page
         _LIVE_WORKERS.add(self)
 
     # --- start-up ------------------------------------------------------------------
@@ -219,6 +226,10 @@ class WorkerSide:
             )
         device = self.segments[0].buffer.device
         self._cuda = device.type == "cuda"
+        if self.capture:  # no page file, no registration: nothing reaches the store
+            self.disabled = "capture mode (hf3fsctl verify): pages are kept in memory"
+            logger.info("hf3fsctl connector rank %d: %s", self.rank, self.disabled)
+            return
         if self._cuda:
             self._save_stream = torch.cuda.Stream(device=device)  # type: ignore[no-untyped-call]
             self._load_stream = torch.cuda.Stream(device=device)  # type: ignore[no-untyped-call]
@@ -470,6 +481,10 @@ class WorkerSide:
                 self._outstanding[job.req_id] = self._outstanding.get(job.req_id, 0) + 1
             lease = None
             try:
+                if self.capture:
+                    self._capture(job)
+                    self._save_ended(job.req_id)
+                    continue
                 if self.disabled is not None or self.saves_paused():
                     self.stats.add(save_dropped=len(job.keys))
                     self.stats.fail("disabled" if self.disabled else "paused", len(job.keys))
@@ -566,6 +581,7 @@ class WorkerSide:
                 self.storage_failed(failure.kind, failure.pages, failure.reason)
             elif outcome.storage_worked:
                 self.storage_worked()
+                self._record_writer()
         except Exception:
             logger.exception("save of request %s failed", job.req_id)
             self.stats.fail("error", len(job.keys))
@@ -575,6 +591,30 @@ class WorkerSide:
             self.stats.add(save_jobs=1, save_seconds=elapsed)
             self.stats.observe("save_s", elapsed)
             self._save_ended(job.req_id)
+
+    def _capture(self, job: SaveJob) -> None:
+        """Capture mode: gather the job's blocks as a save would, keep them in memory."""
+        from .capture import keep
+
+        rows = torch.empty(
+            (len(job.block_ids), self.manifest.page_bytes),
+            dtype=torch.uint8,
+            device=self.segments[0].buffer.device,
+        )
+        gather_blocks(self.segments, job.block_ids, rows)
+        keep(self.namespace, job.keys, rows)
+
+    def _record_writer(self) -> None:
+        """Record this engine's numerics with the namespace once (rank 0), after a page
+        was committed; a failed call is tried again after the next save."""
+        if self._writer_recorded or self.writer is None or self.rank != 0:
+            return
+        writer = self.writer
+        try:
+            self.guard.call(lambda c: c.record_writer(self.namespace, writer))
+            self._writer_recorded = True
+        except Exception as exc:  # an older serve without the route: never fatal
+            logger.debug("recording the writer of %s failed: %s", self.namespace, exc)
 
     # --- loads ---------------------------------------------------------------------
 
