@@ -14,7 +14,8 @@ Checks, in order (a check that cannot run because an earlier one failed is `skip
    own keys). The store is opened read-only unless `--checksums` (which takes read
    leases), so doctor also diagnoses a store on a read-only mount.
 4. capacity: the store's recorded capacity, what its page files hold, and whether the
-   file system can still give what the capacity promises.
+   file system can still give what the capacity promises; writers: a namespace
+   written by engines with other numerics warns (docs/design.md decision 15).
 5. namespaces (`doctor_store`): manifests on disk match the registered ones, page files
    exist with the registered size; with `--checksums` (implied by `--sample` and
    `--all-pages`), committed pages read back and match their checksums.
@@ -272,6 +273,36 @@ def check_capacity(report: Report, cfg: Config, client: MetadataClient) -> None:
             )
 
 
+def check_writers(report: Report, client: MetadataClient) -> None:
+    """Namespaces written by engines with other numerics (docs/design.md decision 15)."""
+    from hf3fsctl.cli.writers import differing, read_writers
+
+    writers = read_writers(client)
+    mixed = {ns: found for ns, found in writers.items() if len(found) > 1}
+    if not writers:
+        report.add(
+            "store.writers",
+            "skip",
+            "no writers recorded yet (recorded with a connector's first saved page)",
+        )
+        return
+    report.add(
+        "store.writers",
+        "ok" if not mixed else "warn",
+        f"{len(writers)} namespaces with recorded writers, {len(mixed)} with more than one",
+    )
+    for ns, found in sorted(mixed.items()):
+        report.add(
+            f"namespace.{ns}.writers",
+            "warn",
+            f"{len(found)} writers with other numerics (differ in "
+            f"{', '.join(differing(found)) or 'their hash'}): pages mix KV computed "
+            "differently, which can change greedy tokens",
+            "run every engine with the same args (config vllm:, `hf3fsctl warm` uses them), "
+            "check with `hf3fsctl verify`, or set connector.strict_numerics: true",
+        )
+
+
 def check_connectors(report: Report) -> None:
     """Connectors of this node that are disabled or degraded (their status files)."""
     import time
@@ -394,6 +425,7 @@ def doctor(
                 if check_metadata(report, client):
                     check_invariants(report, cfg, client)
                     check_capacity(report, cfg, client)
+                    check_writers(report, client)
                     if storage_ok:
                         doctor_store.check_namespaces(report, cfg, client)
                         if checksums:

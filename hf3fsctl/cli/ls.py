@@ -5,8 +5,10 @@ Keys are shown shortened (`shown_key`: 16 hex digits and "…"), which `pin`/`un
 One row per (key, rank) entry: namespace, key prefix, rank, page, size, state
 (committed/pending), depth, hits, the age of the last access and whether the key is
 pinned. `--pins` lists live pins instead, newest first: namespace, key, when pinned,
-when the pin expires and whether the key is stored now. `--json` prints the entries (or
-pins) in full (whole keys, checksums, timestamps).
+when the pin expires and whether the key is stored now. `--writers` lists the engines
+that wrote to each namespace (their numerics; a warning where a namespace has more than
+one: `cli/writers.py`). `--json` prints the entries (or pins, or writers) in full
+(whole keys, checksums, timestamps).
 """
 
 from __future__ import annotations
@@ -52,6 +54,12 @@ def ls(
     pins: Annotated[
         bool, typer.Option("--pins", help="List pins (key, expiry, stored) instead of entries.")
     ] = False,
+    writers: Annotated[
+        bool,
+        typer.Option(
+            "--writers", help="List the engines that wrote to each namespace (their numerics)."
+        ),
+    ] = False,
     json: JsonOpt = False,
 ) -> None:
     """List entries: key, rank, page, size, state, hits, last access, pinned (or --pins)."""
@@ -60,6 +68,15 @@ def ls(
     cfg = context.load(ctx, config)
     with context.open_client(cfg, read_only=True) as client:
         ns = context.resolve_namespace(client, namespace)
+        if writers:
+            from hf3fsctl.cli.writers import read_writers, show_writers, writers_json
+
+            found = read_writers(client, ns)
+            if json:
+                output.print_json({"writers": writers_json(found)})
+            else:
+                show_writers(found)
+            return
         if pins:
             pin_list = client.list_pins(ns, limit=limit)
         else:

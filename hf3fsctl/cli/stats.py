@@ -1,7 +1,8 @@
 """`hf3fsctl stats`: capacity, usage, hit rates and namespaces of the store.
 
 `--json` prints one document: the store's `StoreStats` plus derived fields (usage,
-per-namespace lookup hit rate) and the metadata URL. `--watch SECONDS` redraws the
+per-namespace lookup hit rate, the namespace's recorded writers) and the metadata URL,
+and `warnings` (a namespace written by engines with other numerics: `cli/writers.py`). `--watch SECONDS` redraws the
 tables until Ctrl-C or SIGTERM, which exit 0: in place at a terminal (Rich Live), else
 one full snapshot after another (not with `--json`, which is one document). The store is
 opened read-only: this works on a read-only mount.
@@ -18,12 +19,13 @@ import typer
 
 from hf3fsctl.cli import context, output
 from hf3fsctl.cli.options import ConfigOpt, JsonOpt
+from hf3fsctl.cli.writers import Writers, read_writers
 from hf3fsctl.errors import InvalidRequest
 
 if TYPE_CHECKING:
     from rich.console import RenderableType
 
-    from hf3fsctl.meta.models import NamespaceStats, StoreStats
+    from hf3fsctl.meta.models import NamespaceStats, StoreStats, WriterInfo
 
 
 def storage_space(path: str) -> dict[str, Any]:
@@ -37,12 +39,19 @@ def storage_space(path: str) -> dict[str, Any]:
     return {"path": path, "fs_total_bytes": usage.total, "fs_free_bytes": usage.free}
 
 
-def stats_document(url: str, storage: dict[str, Any], stats: StoreStats) -> dict[str, Any]:
-    """The `--json` document: the store's stats, with usage and hit rates added."""
+def stats_document(
+    url: str, storage: dict[str, Any], stats: StoreStats, writers: Writers | None = None
+) -> dict[str, Any]:
+    """The `--json` document: the store's stats, with usage, hit rates and writers added."""
+    from hf3fsctl.cli.writers import writer_warnings
+
+    writers = writers or {}
     document: dict[str, Any] = {"metadata_url": url, "storage": storage, **stats.model_dump()}
     document["usage"] = stats.usage
     for ns, ns_doc in zip(stats.namespaces, document["namespaces"], strict=True):
         ns_doc["lookup_hit_rate"] = ns.hit_keys / ns.lookup_keys if ns.lookup_keys else None
+        ns_doc["writers"] = [w.model_dump() for w in writers.get(ns.id, [])]
+    document["warnings"] = writer_warnings(writers)
     return document
 
 
@@ -51,8 +60,10 @@ def _manifest_field(ns: NamespaceStats, name: str) -> str:
     return "-" if value is None else str(value)
 
 
-def render(url: str, storage: dict[str, Any], stats: StoreStats) -> RenderableType:
-    """The tables people see: a summary and one row per namespace."""
+def render(
+    url: str, storage: dict[str, Any], stats: StoreStats, writers: Writers | None = None
+) -> RenderableType:
+    """The tables people see: a summary, one row per namespace, writer warnings."""
     from rich.console import Group
 
     from hf3fsctl.config import format_size
@@ -104,6 +115,7 @@ def render(url: str, storage: dict[str, Any], stats: StoreStats) -> RenderableTy
             ns.hits,
             output.format_ratio(ns.hit_keys, ns.lookup_keys),
             output.format_age(now - ns.last_used if ns.last_used else None),
+            _writers_cell(writers.get(ns.id, []) if writers else []),
         ]
         for ns in stats.namespaces
     ]
@@ -121,6 +133,7 @@ def render(url: str, storage: dict[str, Any], stats: StoreStats) -> RenderableTy
         "hits",
         "hit rate",
         "last use",
+        "writers",
     ]
     table = output.table(
         columns,
@@ -128,7 +141,19 @@ def render(url: str, storage: dict[str, Any], stats: StoreStats) -> RenderableTy
         title="namespaces",
         right=("block", "TP", "keys", "pages", "disk (quota)", "pinned", "hits", "hit rate"),
     )
-    return Group(summary, "", table)
+    from rich.text import Text
+
+    from hf3fsctl.cli.writers import writer_warnings
+
+    warnings = [Text(f"warning: {line}", style="yellow") for line in writer_warnings(writers or {})]
+    return Group(summary, "", table, *warnings)
+
+
+def _writers_cell(found: list[WriterInfo]) -> str:
+    """`-`, the one writer's id, or `N (numerics differ)`."""
+    if not found:
+        return "-"
+    return found[0].id if len(found) == 1 else f"{len(found)} (numerics differ)"
 
 
 def stats(
@@ -156,11 +181,13 @@ def stats(
     with context.open_client(cfg, read_only=True) as client:
         if json:
             storage = storage_space(cfg.storage.path)
-            output.print_json(stats_document(client.url, storage, client.stats()))
+            writers = read_writers(client)
+            output.print_json(stats_document(client.url, storage, client.stats(), writers))
             return
 
         def draw() -> RenderableType:
-            return render(client.url, storage_space(cfg.storage.path), client.stats())
+            stats = client.stats()
+            return render(client.url, storage_space(cfg.storage.path), stats, read_writers(client))
 
         if watch is None:
             output.show(draw())
