@@ -348,8 +348,10 @@ MAY_IMPORT: dict[str, frozenset[str]] = {
     "tier": frozenset({"errors", "config", "keys", "storage", "meta", "staging"}),
     "health": CORE_ROOMS,
     "core": CORE_ROOMS,
-    # The connector is a consumer of the core, never of the CLI, benchmarks or tools.
-    "connector": CORE_ROOMS,
+    # The connector is a consumer of the core and of the vLLM-facing tools (numerics:
+    # what an engine's VllmConfig says about its KV's bits), never of the CLI, benchmarks
+    # or offline tools.
+    "connector": CORE_ROOMS | {"vllm_tools"},
     "vllm_tools": CORE_ROOMS | {"connector"},
     "offline": CORE_ROOMS | {"connector", "vllm_tools"},
     # Benchmarks measure the core (and run engines through vllm_tools); rendering their
