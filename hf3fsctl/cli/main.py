@@ -33,6 +33,7 @@ from hf3fsctl.cli import (
     pin,
     serve,
     stats,
+    verify,
     vllm_config,
     warm,
 )
@@ -200,6 +201,7 @@ _command("backup", backup.backup)
 _command("migrate", migrate.migrate)
 _command("warm", warm.warm, PROMPTS)
 _command("lookup", lookup.lookup, PROMPTS)
+_command("verify", verify.verify, PROMPTS)
 _command("doctor", doctor.doctor, DIAGNOSE)
 app.add_typer(
     bench.register(Hf3fsctlCommand), name="bench", cls=Hf3fsctlGroup, rich_help_panel=DIAGNOSE
