@@ -268,3 +268,5 @@ class Hf3fsctlOffloadTier(SecondaryTierManager):
         self._lookups.shutdown()
         self._pool.shutdown(wait=True)
         self.store.close()
+        if self._flat is not self._primary_kv_view:
+            self._flat.release()  # the primary tier's mmap closes after us

@@ -81,6 +81,9 @@ def ls(
             pin_list = client.list_pins(ns, limit=limit)
         else:
             entries = client.list_entries(ns, limit=limit)
+            from hf3fsctl.cli.stats import door
+
+            doors = {info.id: door(info.manifest) for info in client.namespaces()}
     if pins:
         if json:
             output.print_json({"pins": [pin.model_dump() for pin in pin_list]})
@@ -91,9 +94,12 @@ def ls(
         output.print_json({"entries": [entry.model_dump() for entry in entries]})
         return
     now = time.time()
+    # A door column only when vLLM's offloading stack (`door: offload-tier`) wrote some.
+    two_doors = any(doors.get(entry.namespace, "connector") != "connector" for entry in entries)
     rows = [
         [
             entry.namespace,
+            *([doors.get(entry.namespace, "-")] if two_doors else []),
             shown_key(entry.key),
             entry.rank,
             entry.page,
@@ -110,6 +116,7 @@ def ls(
         output.table(
             [
                 "namespace",
+                *(["door"] if two_doors else []),
                 "key",
                 "rank",
                 "page",

@@ -60,6 +60,13 @@ def _manifest_field(ns: NamespaceStats, name: str) -> str:
     return "-" if value is None else str(value)
 
 
+def door(manifest: dict[str, Any]) -> str:
+    """Which door wrote a namespace: `offload-tier` (vLLM's offloading stack) or the
+    connector (whose manifests record no door)."""
+    extra = manifest.get("extra") or {}
+    return str(extra.get("door", "connector"))
+
+
 def render(
     url: str, storage: dict[str, Any], stats: StoreStats, writers: Writers | None = None
 ) -> RenderableType:
@@ -99,12 +106,15 @@ def render(
         title="hf3fsctl store",
     )
     now = time.time()
+    # A door column only when vLLM's offloading stack (`door: offload-tier`) wrote some.
+    two_doors = any(door(ns.manifest) != "connector" for ns in stats.namespaces)
     rows = [
         [
             ns.id,
             _manifest_field(ns, "model"),
             _manifest_field(ns, "kv_dtype"),
             _manifest_field(ns, "layout"),
+            *([door(ns.manifest)] if two_doors else []),
             _manifest_field(ns, "block_size"),
             _manifest_field(ns, "tp_size"),
             ns.keys,
@@ -124,6 +134,7 @@ def render(
         "model",
         "dtype",
         "layout",
+        *(["door"] if two_doors else []),
         "block",
         "TP",
         "keys",

@@ -82,6 +82,10 @@ class Driver:
         self.block = self.tier.block_size_bytes
         self._n = 0
 
+    def shutdown(self) -> None:
+        self.view.release()
+        self.manager.shutdown()
+
     def request(self) -> ReqContext:
         self._n += 1
         ctx = ReqContext(f"req-{self._n}")
@@ -159,7 +163,7 @@ def driver(tmp_path: Path) -> Iterator[Driver]:
     spec = make_spec(tier_entry(tmp_path))
     d = Driver(spec)
     yield d
-    d.manager.shutdown()
+    d.shutdown()
 
 
 def test_factory_loads_the_tier_by_module_path(tmp_path: Path) -> None:
@@ -206,7 +210,7 @@ def test_eviction_under_a_small_capacity_keeps_storing(tmp_path: Path) -> None:
         assert sum(map(sum, present)) <= 6  # the capacity held: older chunks were evicted
         assert present[0] == [False] * 3  # LRU: the oldest went first
     finally:
-        d.manager.shutdown()
+        d.shutdown()
 
 
 def test_a_corrupt_page_is_a_failed_job_and_is_dropped(driver: Driver, tmp_path: Path) -> None:
@@ -257,7 +261,7 @@ def test_metadata_service_down_is_a_failed_job_not_an_exception(tmp_path: Path) 
         d.flush_primary(4)
         assert d.load(keys) == [None, None]  # lookups answer misses: recompute
     finally:
-        d.manager.shutdown()
+        d.shutdown()
 
 
 @pytest.mark.parametrize(
@@ -276,3 +280,31 @@ def test_bad_tier_config_is_one_line_naming_the_key(
         make_spec(tier_entry(tmp_path, **extra)).get_manager()
     message = caught.value.message
     assert named in message and "\n" not in message
+
+
+def test_one_store_two_doors_stats_and_ls_show_each_namespace_door(tmp_path: Path) -> None:
+    from helpers.cli_store import cli, make_store
+
+    store = make_store(tmp_path / "s")  # a connector namespace, made by `hf3fsctl init`
+    entry = {
+        "type": "Hf3fsctlOffloadTier",
+        "module_path": "hf3fsctl_connector.offload_tier",
+        "config": str(store.config_file),
+    }
+    d = Driver(make_spec(entry))
+    try:
+        d.store([make_offload_key(os.urandom(32), 0)], [payload(5)])
+        namespace = d.tier.store.namespace  # type: ignore[attr-defined]
+    finally:
+        d.shutdown()
+    assert d.tier.store.config.storage.path == str(store.root)  # type: ignore[attr-defined]
+    result = cli(store, "stats", env={"COLUMNS": "300"})
+    assert result.exit_code == 0, result.stderr
+    table = result.stdout
+    ids = (namespace, store.namespace)  # the table shows ids shortened
+    rows = {ns: line for line in table.splitlines() for ns in ids if ns[:11] in line}
+    assert "door" in table
+    assert "offload-tier" in rows[namespace] and "connector" in rows[store.namespace]
+    listing = cli(store, "ls", "--namespace", namespace, env={"COLUMNS": "300"})
+    assert listing.exit_code == 0, listing.stderr
+    assert "offload-tier" in listing.stdout
