@@ -22,6 +22,13 @@ config's `vllm:` section (the args `hf3fsctl warm` and `verify` also run with) p
 `kv-transfer-config`, keys as `vllm serve --config FILE.yaml` takes them (JSON is YAML)::
 
     hf3fsctl vllm-config --serve-args > serve.yaml && vllm serve MODEL --config serve.yaml
+
+`--offloading` prints instead the config of vLLM's own offloading stack with this store
+behind it: the `OffloadingConnector` with `TieringOffloadingSpec` (a CPU DRAM primary tier
+of `--cpu-size` bytes in front) and the store as a secondary tier (`Hf3fsctlOffloadTier`
+from `hf3fsctl_connector.offload_tier`, docs/vllm.md "Offloading tier")::
+
+    vllm serve MODEL --kv-transfer-config "$(hf3fsctl vllm-config --offloading --compact)"
 """
 
 from __future__ import annotations
@@ -71,6 +78,31 @@ def check_store(cfg: Config) -> None:
         client.health()
 
 
+OFFLOAD_TIER_CLASS = "Hf3fsctlOffloadTier"
+OFFLOAD_TIER_MODULE = "hf3fsctl_connector.offload_tier"
+
+
+def offloading_config(cfg: Config, cpu_bytes: int) -> dict[str, object]:
+    """The `KVTransferConfig` of vLLM's OffloadingConnector with this store as a tier."""
+    extra = dict(kv_transfer_config(cfg)["kv_connector_extra_config"])
+    tier: dict[str, object] = {"type": OFFLOAD_TIER_CLASS, "module_path": OFFLOAD_TIER_MODULE}
+    if "config_file" in extra:
+        tier["config"] = extra.pop("config_file")
+    tier["storage_path"] = extra.pop("storage.path")
+    tier["metadata_url"] = extra.pop("metadata.url")
+    tier.update(extra)  # metadata.token_file, as a dotted key
+    return {
+        "kv_connector": "OffloadingConnector",
+        "kv_role": "kv_both",
+        "kv_load_failure_policy": "recompute",
+        "kv_connector_extra_config": {
+            "spec_name": "TieringOffloadingSpec",
+            "cpu_bytes_to_use": cpu_bytes,
+            "secondary_tiers": [tier],
+        },
+    }
+
+
 def vllm_config(
     ctx: typer.Context,
     config: ConfigOpt = None,
@@ -93,6 +125,20 @@ def vllm_config(
             "kv-transfer-config, for `vllm serve --config FILE.yaml`.",
         ),
     ] = False,
+    offloading: Annotated[
+        bool,
+        typer.Option(
+            "--offloading",
+            help="Print vLLM's OffloadingConnector config instead: a CPU DRAM tier in front "
+            "(--cpu-size) and this store behind it as a secondary tier.",
+        ),
+    ] = False,
+    cpu_size: Annotated[
+        str,
+        typer.Option(
+            "--cpu-size", help="With --offloading: bytes of vLLM's CPU DRAM primary tier."
+        ),
+    ] = "8GiB",
 ) -> None:
     """Print the JSON for vLLM's --kv-transfer-config (one object on stdout)."""
     cfg = context.load(ctx, config)
@@ -101,7 +147,13 @@ def vllm_config(
             output.warning("no config file found: printing the packaged defaults (--no-check)")
     else:
         check_store(cfg)
+    if offloading and serve_args:
+        raise ConfigError("--offloading and --serve-args: choose one", hint="pass one of them")
     document = kv_transfer_config(cfg)
+    if offloading:
+        from hf3fsctl.config.units import parse_size
+
+        document = offloading_config(cfg, parse_size(cpu_size, "--cpu-size"))
     if serve_args:
         document = {k.replace("_", "-"): v for k, v in cfg.vllm.items()} | {
             "kv-transfer-config": document

@@ -308,3 +308,30 @@ def test_one_store_two_doors_stats_and_ls_show_each_namespace_door(tmp_path: Pat
     listing = cli(store, "ls", "--namespace", namespace, env={"COLUMNS": "300"})
     assert listing.exit_code == 0, listing.stderr
     assert "offload-tier" in listing.stdout
+
+
+def test_vllm_config_offloading_prints_a_config_vllm_loads_and_runs(tmp_path: Path) -> None:
+    import json
+
+    from helpers.cli_store import cli, make_store
+    from vllm.config import KVTransferConfig
+
+    store = make_store(tmp_path / "s")
+    result = cli(store, "vllm-config", "--offloading", "--cpu-size", "256KiB", "--compact")
+    assert result.exit_code == 0, result.stderr
+    document = json.loads(result.stdout)
+    transfer = KVTransferConfig(**document)  # vLLM's own validation of the fields
+    assert transfer.kv_connector == "OffloadingConnector"
+    extra = dict(transfer.kv_connector_extra_config)
+    assert extra["spec_name"] == "TieringOffloadingSpec" and extra["cpu_bytes_to_use"] == 262144
+    (entry,) = extra["secondary_tiers"]
+    assert entry["config"] == str(store.config_file.resolve())
+    d = Driver(make_spec(entry, primary_chunks=extra["cpu_bytes_to_use"] // BLOCK_BYTES))
+    try:
+        keys = [make_offload_key(os.urandom(32), 0) for _ in range(2)]
+        data = [payload(7), payload(8)]
+        d.store(keys, data)
+        d.flush_primary(4)
+        assert d.load(keys) == data
+    finally:
+        d.shutdown()
