@@ -28,6 +28,7 @@ import argparse
 import contextlib
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -333,13 +334,16 @@ def main(argv: list[str] | None = None) -> None:
     work = Path(tempfile.mkdtemp(prefix="bench-offload-", dir=args.work))
     results: dict[str, Any] = {k: {} for k in KINDS}
     results["args"] = {k: str(v) for k, v in vars(args).items()}
-    for kind in KINDS:
-        results[kind]["throughput"] = throughput(kind, args, work)
-        if kind == "hf3fsctl-odirect":
-            continue  # the other phases do not depend on O_DIRECT
-        results[kind]["lookup"] = lookups(kind, args, work)
-        if args.full_disk_mib:
-            results[kind]["full_disk"] = full_disk(kind, args, work)
+    try:
+        for kind in KINDS:
+            results[kind]["throughput"] = throughput(kind, args, work)
+            if kind == "hf3fsctl-odirect":
+                continue  # the other phases do not depend on O_DIRECT
+            results[kind]["lookup"] = lookups(kind, args, work)
+            if args.full_disk_mib:
+                results[kind]["full_disk"] = full_disk(kind, args, work)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
     if args.json:
         print(json.dumps(results, indent=2))
     else:
