@@ -1,4 +1,5 @@
-"""`MetadataUrl`: the one parser of metadata URLs (sqlite, http(s), redis, rediss, sentinel).
+"""`MetadataUrl`: the one parser of metadata URLs (sqlite, http(s), redis, rediss, sentinel,
+cluster).
 
 Contract: `MetadataUrl.parse` accepts exactly the documented forms or raises `ConfigError`
 naming the key; a password never appears in `url`, `repr` or an error message.
@@ -23,17 +24,20 @@ class MetadataUrl(BaseModel):
     - `http(s)://HOST:PORT[/PREFIX]`: `hf3fsctl serve` (`base`, without a trailing slash).
     - `redis://[USER[:PASSWORD]@]HOST:PORT[/DB]`, `rediss://…` (TLS): one Redis server;
       `redis+sentinel://[USER[:PASSWORD]@]HOST:PORT[,HOST:PORT…]/SERVICE[/DB]`: the master
-      of `SERVICE` as Redis Sentinels report it (`hosts` are the sentinels). The password
+      of `SERVICE` as Redis Sentinels report it (`hosts` are the sentinels);
+      `redis+cluster://[USER[:PASSWORD]@]HOST:PORT[,HOST:PORT…]`: a Redis Cluster (`hosts`
+      are startup nodes; no database: a cluster has only 0). The password
       is `password` only: `url` and `repr` show it as `***`, so logging either is safe.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     url: str
-    scheme: Literal["sqlite", "http", "https", "redis", "rediss", "redis+sentinel"]
+    scheme: Literal["sqlite", "http", "https", "redis", "rediss", "redis+sentinel", "redis+cluster"]
     path: str | None = None
     base: str | None = None
-    hosts: tuple[tuple[str, int], ...] = ()  # redis: the server; sentinel: the sentinels
+    hosts: tuple[tuple[str, int], ...] = ()  # redis: the server; sentinel: the sentinels;
+    # cluster: startup nodes
     db: int = 0
     service: str | None = None  # redis+sentinel: the monitored master's name
     username: str | None = None
@@ -46,13 +50,15 @@ class MetadataUrl(BaseModel):
 
     @property
     def redis(self) -> bool:
-        """A Redis store (`redis`, `rediss`, `redis+sentinel`), reached directly."""
+        """A Redis store (`redis`, `rediss`, `redis+sentinel`, `redis+cluster`), reached
+        directly."""
         return self.scheme.startswith("redis")
 
     @classmethod
     def parse(cls, url: str, key: str = "metadata.url") -> MetadataUrl:
         """Parse `sqlite:////ABS/PATH`, `sqlite:///ABS/PATH`, `http(s)://HOST:PORT[/PREFIX]`,
-        `redis://HOST:PORT[/DB]`, `rediss://…` or `redis+sentinel://HOST:PORT[,…]/SERVICE[/DB]`.
+        `redis://HOST:PORT[/DB]`, `rediss://…`, `redis+sentinel://HOST:PORT[,…]/SERVICE[/DB]`
+        or `redis+cluster://HOST:PORT[,…]`.
 
         Raises:
             ConfigError: naming `key` when the URL is none of these (the message never
@@ -72,7 +78,7 @@ class MetadataUrl(BaseModel):
         raise ConfigError(
             f"{key}: {_redact(text or url)!r} is not a metadata URL; use "
             "sqlite:///ABSOLUTE/PATH.db, http://HOST:PORT, redis://HOST:PORT/DB or "
-            "redis+sentinel://HOST:PORT[,HOST:PORT]/SERVICE"
+            "redis+sentinel://HOST:PORT[,HOST:PORT]/SERVICE or redis+cluster://HOST:PORT[,…]"
         )
 
     @classmethod
@@ -106,9 +112,16 @@ class MetadataUrl(BaseModel):
                     hint="use redis+sentinel://HOST:PORT[,HOST:PORT]/SERVICE_NAME[/DB]",
                 )
             service = parts.pop(0)
+        elif scheme == "redis+cluster":
+            if parts and parts != ["0"]:
+                raise ConfigError(
+                    f"{key}: {_redact(match.group(0))!r}: a Redis Cluster has only database 0",
+                    hint="use redis+cluster://HOST:PORT[,HOST:PORT] without a /DB",
+                )
         elif len(hosts) > 1:
             raise ConfigError(
-                f"{key}: {scheme}:// takes one HOST:PORT; several are for redis+sentinel://"
+                f"{key}: {scheme}:// takes one HOST:PORT; several are for redis+sentinel:// "
+                "or redis+cluster://"
             )
         if len(parts) > 1 or (parts and not parts[0].isdigit()):
             raise ConfigError(f"{key}: the database of {_redact(match.group(0))!r} is not a number")
@@ -123,7 +136,9 @@ class MetadataUrl(BaseModel):
         )
 
 
-_REDIS_RE = re.compile(r"(redis|rediss|redis\+sentinel)://(?:([^@/\s]*)@)?([^@/\s]+)(/\S*)?")
+_REDIS_RE = re.compile(
+    r"(redis|rediss|redis\+sentinel|redis\+cluster)://(?:([^@/\s]*)@)?([^@/\s]+)(/\S*)?"
+)
 
 
 def _redact(url: str) -> str:
