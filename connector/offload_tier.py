@@ -63,17 +63,29 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["Hf3fsctlOffloadTier"]
 
+_WARN_EVERY_S = 30.0
+
 
 class _StoreLookups(AsyncLookupManager):
     """vLLM's async lookup state, answered by the store's metadata service."""
 
     def __init__(self, store: TierStore, tier_type: str) -> None:
         self._store = store
+        self._warned_at = -_WARN_EVERY_S
         super().__init__(tier_type=tier_type)
 
     def batch_lookup(self, keys: list[OffloadKey], req_context: ReqContext) -> Iterable[bool]:
-        """Committed or not, per key; a failed lookup is all misses (logged by vLLM)."""
-        return self._store.present([offload_key(k) for k in keys])
+        """Committed or not, per key; a store that cannot answer is all misses (one
+        warning per `_WARN_EVERY_S`, not one per step)."""
+        try:
+            self._store.ensure_registered()  # the namespace exists before the first store
+            return self._store.present([offload_key(k) for k in keys])
+        except Hf3fsctlError as exc:
+            now = time.monotonic()
+            if now - self._warned_at >= _WARN_EVERY_S:
+                self._warned_at = now
+                logger.warning("hf3fsctl offload tier: lookups are misses: %s", exc.message)
+            return [False] * len(keys)
 
 
 class Hf3fsctlOffloadTier(SecondaryTierManager):

@@ -210,3 +210,11 @@ def test_vllm_config_offloading_prints_a_config_vllm_loads_and_runs(tmp_path: Pa
         assert d.load(keys) == data
     finally:
         d.shutdown()
+
+
+def test_lookup_before_any_store_is_a_quiet_miss(
+    driver: Driver, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level("WARNING"):
+        assert driver.load([make_offload_key(os.urandom(32), 0)]) == [None]
+    assert not [r for r in caplog.records if "lookup" in r.getMessage()]
