@@ -6,7 +6,8 @@
 - `http(s)://HOST:PORT` → `HttpMetadataClient`: `hf3fsctl serve` over HTTP (stdlib
   `http.client` keep-alive connections for the hot calls, httpx for the rest; a deadline
   per call, TLS verified against `metadata.ca_file`, retries only for idempotent calls).
-- `redis://HOST:PORT/DB`, `rediss://…`, `redis+sentinel://HOST:PORT[,…]/SERVICE[/DB]` →
+- `redis://HOST:PORT/DB`, `rediss://…`, `redis+sentinel://HOST:PORT[,…]/SERVICE[/DB]`,
+  `redis+cluster://HOST:PORT[,…]` →
   `RedisMetadataStore` (`meta/redis/`): the store itself, shared by every process that
   names the same Redis (one Lua script per call; no server of ours in between).
 
@@ -42,7 +43,7 @@ def open_metadata_client(
     read_only: bool = False,
 ) -> MetadataClient:
     """Open the client for a metadata URL (`sqlite:///…`, `http(s)://…`, `redis://…`,
-    `rediss://…` or `redis+sentinel://…`).
+    `rediss://…`, `redis+sentinel://…` or `redis+cluster://…`).
 
     The store-side settings (lease, watermarks, capacity policy) apply to the stores this
     process runs (embedded SQLite, Redis); a server uses its own. `read_only` opens an
@@ -121,7 +122,7 @@ def open_store(
 ) -> Store:
     """The store a metadata URL names, for `hf3fsctl serve` to front: the SQLite
     `MetadataStore` of `sqlite:///PATH` (or a plain path), or the `RedisMetadataStore` of
-    a `redis://`, `rediss://` or `redis+sentinel://` URL (`token`, `ca_file`, `timeout_s`
+    a `redis://`, `rediss://`, `redis+sentinel://` or `redis+cluster://` URL (`token`, `ca_file`, `timeout_s`
     reach Redis; a Redis-backed server keeps nothing in its process, so replicas can share
     one Redis).
 

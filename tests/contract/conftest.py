@@ -5,6 +5,8 @@ Each test here takes `backend` (or a fixture built on it) and runs once per stor
 - `sqlite`: `sqlite:///…`, the embedded `MetadataStore` (a fresh database per test);
 - `redis`: `redis://…`, the Redis store on a real `redis-server` (one per session,
   flushed before each test);
+- `redis-cluster`: `redis+cluster://…`, the same store on a local 3-master Redis Cluster
+  (one per session, every master flushed before each test);
 - `http`: `HttpMetadataClient` against the service app (`create_app`) over a fresh
   SQLite store, served by uvicorn on a loopback port in this process — real HTTP and
   the real routes, without the second or so a `hf3fsctl serve` process costs to start
@@ -24,9 +26,14 @@ from pathlib import Path
 
 import pytest
 from contract_backends import DEFAULT_BACKENDS, Backend
-from helpers.redis_servers import redis_session_server, redis_url
+from helpers.redis_servers import (
+    redis_cluster_servers,
+    redis_cluster_url,
+    redis_session_server,
+    redis_url,
+)
 
-__all__ = ["redis_session_server", "redis_url"]
+__all__ = ["redis_cluster_servers", "redis_cluster_url", "redis_session_server", "redis_url"]
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -43,6 +50,8 @@ def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]
     redis: str | None = None
     if kind == "redis":
         redis = request.getfixturevalue("redis_url")
+    if kind == "redis-cluster":
+        redis = request.getfixturevalue("redis_cluster_url")
     if kind == "http-stock":
         monkeypatch = request.getfixturevalue("monkeypatch")
         monkeypatch.setenv("HF3FSCTL_HTTP_FAST_PATH", "0")

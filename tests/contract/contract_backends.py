@@ -20,11 +20,12 @@ from hf3fsctl.config import Config, load_config
 from hf3fsctl.meta.client import connect
 from hf3fsctl.meta.protocol import MetadataClient, SelfChecking
 
-DEFAULT_BACKENDS = ("sqlite", "redis")
+DEFAULT_BACKENDS = ("sqlite", "redis", "redis-cluster")
 # http-stock: the same service with both hand-tuned paths off — every call over stock
 # httpx (HF3FSCTL_HTTP_FAST_PATH=0), every route through FastAPI's own parsing and
 # dispatch (HF3FSCTL_SERVER_FAST_PATH=0): the fallbacks behave as the fast paths do.
-ALL_BACKENDS = ("sqlite", "redis", "http", "http-stock")
+# redis-cluster: the Redis store on a local 3-master Redis Cluster (`redis+cluster://`).
+ALL_BACKENDS = ("sqlite", "redis", "redis-cluster", "http", "http-stock")
 # Where the Redis store lives (a module or a package); the `redis` parameter skips only
 # while neither is in the tree.
 
@@ -106,6 +107,7 @@ class Backend:
         url = {
             "sqlite": f"sqlite:///{self.directory / 'meta.db'}",
             "redis": self.redis,
+            "redis-cluster": self.redis,
             "http": "http://127.0.0.1:1",  # replaced below by the server's address
             "http-stock": "http://127.0.0.1:1",
         }[self.kind]

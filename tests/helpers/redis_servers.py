@@ -308,6 +308,71 @@ class SentinelCluster:
             server.stop()
 
 
+@dataclass
+class RedisClusterServers:
+    """A local Redis Cluster: `masters` `redis-server --cluster-enabled yes` processes on
+    free ports, joined by `redis-cli --cluster create … --cluster-replicas 0` (the 16,384
+    slots split evenly), ready once `CLUSTER INFO` says `cluster_state:ok` on every node."""
+
+    directory: Path
+    masters: int = 3
+    servers: list[RedisServer] = field(default_factory=list)
+
+    @property
+    def url(self) -> str:
+        """`redis+cluster://127.0.0.1:P1,127.0.0.1:P2,…` (every node a startup node)."""
+        return "redis+cluster://" + ",".join(f"{HOST}:{s.port}" for s in self.servers)
+
+    def start(self, timeout_s: float = START_TIMEOUT_S) -> RedisClusterServers:
+        ports = free_ports(2 * self.masters)  # each node's client port and cluster bus port
+        for i, port in enumerate(ports[: self.masters]):
+            self.servers.append(
+                RedisServer(
+                    self.directory / f"node{i}",
+                    port=port,
+                    settings=[
+                        "cluster-enabled yes",
+                        f"cluster-config-file {self.directory / f'node{i}' / 'nodes.conf'}",
+                        f"cluster-port {ports[self.masters + i]}",
+                        "cluster-node-timeout 2000",
+                    ],
+                ).start(timeout_s)
+            )
+        subprocess.run(
+            ["redis-cli", "--cluster", "create"]
+            + [f"{HOST}:{s.port}" for s in self.servers]
+            + ["--cluster-replicas", "0", "--cluster-yes"],
+            check=True,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.STDOUT,
+            timeout=timeout_s,
+        )
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if all(b"cluster_state:ok" in self._info(s) for s in self.servers):
+                return self
+            time.sleep(0.05)
+        self.stop()
+        raise RuntimeError(f"the Redis Cluster in {self.directory} did not become ready")
+
+    @staticmethod
+    def _info(server: RedisServer) -> bytes:
+        conn = server.client()
+        try:
+            return bytes(conn.execute_command("CLUSTER", "INFO"))
+        finally:
+            conn.close()
+
+    def flush(self) -> None:
+        """Empty every master (between tests sharing the cluster)."""
+        for server in self.servers:
+            flush(server)
+
+    def stop(self) -> None:
+        for server in self.servers:
+            server.stop()
+
+
 def flush(server: RedisServer) -> None:
     """Empty every database of `server` (between tests sharing it)."""
     conn = server.client(timeout_s=5.0)
@@ -340,6 +405,27 @@ def redis_url(redis_session_server: RedisServer) -> str:
     return redis_session_server.url
 
 
+@pytest.fixture(scope="session")
+def redis_cluster_servers(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[RedisClusterServers]:
+    """One local 3-master Redis Cluster for the whole session (see `redis_cluster_url`)."""
+    if redis_binaries_missing() or shutil.which("redis-cli") is None:
+        raise RuntimeError("redis-server / redis-cli not installed: run `make redis`")
+    cluster = RedisClusterServers(tmp_path_factory.mktemp("redis-cluster")).start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture
+def redis_cluster_url(redis_cluster_servers: RedisClusterServers) -> str:
+    """The session's Redis Cluster, emptied for this test."""
+    redis_cluster_servers.flush()
+    return redis_cluster_servers.url
+
+
 @pytest.fixture(scope="module")
 def sentinel_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SentinelCluster]:
     """A master + replica + 3 sentinels (quorum 2), for the module; stopped afterwards."""
@@ -351,12 +437,15 @@ def sentinel_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Senti
 
 
 __all__ = [
+    "RedisClusterServers",
     "RedisServer",
     "SentinelCluster",
     "connect_port",
     "flush",
     "free_ports",
     "redis_binaries_missing",
+    "redis_cluster_servers",
+    "redis_cluster_url",
     "redis_server",
     "redis_session_server",
     "redis_url",

@@ -4,8 +4,11 @@
   of a Sentinel service for `redis+sentinel://` (`redis.sentinel.Sentinel.master_for`:
   every new connection asks the sentinels where the master is, and a connection that
   finds a replica — the old master after a failover — is dropped, so the next call
-  re-discovers). One pool, shared by the threads of the process (redis-py's pools are
-  thread-safe and reset themselves in a forked child).
+  re-discovers); a `redis.cluster.RedisCluster` for `redis+cluster://` (redis-py learns
+  the slot map from the startup nodes and follows MOVED/ASK itself). One pool, shared by
+  the threads of the process (redis-py's pools are thread-safe and reset themselves in a
+  forked child). Every key of a store shares one hash tag (the prefix `{…}:`), so on a
+  cluster every script and pipeline runs on the one master that owns that slot.
 - Deadlines: `timeout_s` is both the connect and the per-call socket timeout. redis-py's
   own retries are off (`Retry(NoBackoff(), 0)`): whether a call may be repeated is the
   store's decision (`call`), never the library's.
@@ -80,8 +83,8 @@ _UNAVAILABLE_HINT = "is Redis running and reachable at metadata.url? (`hf3fsctl 
 def redis_client(
     target: MetadataUrl, *, timeout_s: float, token: str | None, ca_file: str | None
 ) -> Any:
-    """The client of a `redis`, `rediss` or `redis+sentinel` URL (connects lazily): a
-    `redis.Redis` with `decode_responses=True` (typed Any: redis-py's command stubs give
+    """The client of a `redis`, `rediss`, `redis+sentinel` or `redis+cluster` URL: a
+    `redis.Redis` (or `RedisCluster`, which connects at once to learn the slots) with `decode_responses=True` (typed Any: redis-py's command stubs give
     one union for its sync and async clients)."""
     password = target.password if target.password is not None else token
     common: dict[str, Any] = {
@@ -119,6 +122,20 @@ def redis_client(
         assert target.service is not None
         return sentinel.master_for(  # type: ignore[no-untyped-call]
             target.service, redis_class=redis.Redis, **common
+        )
+    if target.scheme == "redis+cluster":
+        from redis.cluster import ClusterNode, RedisCluster
+
+        del common["db"], common["retry"]
+        return RedisCluster(
+            startup_nodes=[
+                ClusterNode(host, port)  # type: ignore[no-untyped-call]
+                for host, port in target.hosts
+            ],
+            # redirections (MOVED/ASK: the script never ran) are followed; a lost
+            # connection is not retried here (`call` decides, as for one server)
+            retry=Retry(NoBackoff(), 0),
+            **common,
         )
     host, port = target.hosts[0]
     return redis.Redis(host=host, port=port, **common)

@@ -176,6 +176,7 @@ class RedisMetadataStore(StoreCore):
         )
         self.prefix = prefix
         self._redis = redis_client(target, timeout_s=timeout_s, token=token, ca_file=ca_file)
+        self._cluster = target.scheme == "redis+cluster"
         self._scripts = load_scripts(self._redis)
         self._hits = _LookupHits(self._scripts["count_lookup"], prefix, self.url)
         # A process that only looks up (the connector's scheduler) may exit without
@@ -375,6 +376,10 @@ class RedisMetadataStore(StoreCore):
     def _lookup_pipeline(
         self, namespace: str, keys: Sequence[str], counters: list[Any]
     ) -> list[Any]:
+        if self._cluster:  # redis-py's cluster pipelines refuse scripts: two round trips
+            script = self._scripts["count_lookup"]
+            head = [self._redis.hmget(self._key("c", namespace), list(keys))] if keys else []
+            return [*head, script(keys=[self.prefix], args=counters)]
         pipe = self._redis.pipeline(transaction=False)
         if keys:
             pipe.hmget(self._key("c", namespace), list(keys))
