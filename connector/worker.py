@@ -70,7 +70,9 @@ from hf3fsctl.config import Config
 from hf3fsctl.errors import (
     ConfigError,
     Hf3fsctlError,
+    InvalidRequest,
     NamespaceConflict,
+    NotFound,
     StorageError,
     StoreFormatError,
 )
@@ -613,7 +615,10 @@ class WorkerSide:
         try:
             self.guard.call(lambda c: c.record_writer(self.namespace, writer))
             self._writer_recorded = True
-        except Exception as exc:  # an older serve without the route: never fatal
+        except (NotFound, InvalidRequest) as exc:  # e.g. an older serve: not asked again
+            self._writer_recorded = True
+            logger.info("the store does not record writers (%s)", exc.message)
+        except Exception as exc:  # down for now: tried again after the next save
             logger.debug("recording the writer of %s failed: %s", self.namespace, exc)
 
     # --- loads ---------------------------------------------------------------------
