@@ -110,13 +110,13 @@ class Hf3fsctlOffloadTier(SecondaryTierManager):
         config = tier_settings(kwargs)
         locality = kwargs.get("locality")
         self.locality = Locality(locality) if locality is not None else None
-        self._flat = primary_kv_view.cast("B") if primary_kv_view.ndim != 1 else primary_kv_view
-        if self._flat.format != "B":
-            self._flat = self._flat.cast("B")
+        flat = primary_kv_view.ndim == 1 and primary_kv_view.format == "B"
+        self._flat = primary_kv_view if flat else primary_kv_view.cast("B")
         self.store = TierStore(config, offload_manifest(offloading_spec, self.block_size_bytes))
         events_on = bool(kwargs.get("enable_kv_events", False))
         enabled = events_on and offloading_spec.kv_events_config.enable_kv_cache_events
-        self._events: list[OffloadingEvent] | None = [] if enabled else None
+        # Appended by job threads, taken by the scheduler: a deque, never swapped.
+        self._events: deque[OffloadingEvent] | None = deque() if enabled else None
         self._pool = ThreadPoolExecutor(
             max_workers=int(kwargs.get("threads", 4)), thread_name_prefix="hf3fsctl-tier"
         )
@@ -252,9 +252,8 @@ class Hf3fsctlOffloadTier(SecondaryTierManager):
 
     def take_events(self) -> Iterable[OffloadingEvent]:
         """BlockStored events of chunks this tier stored (`enable_kv_events`)."""
-        if self._events:
-            events, self._events = self._events, []
-            yield from events
+        while self._events:
+            yield self._events.popleft()
 
     def on_new_request(self, req_context: ReqContext) -> RequestOffloadingContext:
         return RequestOffloadingContext()

@@ -48,11 +48,13 @@ def tier_entry(tmp_path: Path, **extra: Any) -> dict[str, Any]:
     return entry
 
 
-def make_spec(entry: dict[str, Any], primary_chunks: int = 4) -> TieringOffloadingSpec:
+def make_spec(
+    entry: dict[str, Any], primary_chunks: int = 4, *, events: bool = False
+) -> TieringOffloadingSpec:
     config = OffloadingConfig(
         groups=(OffloadingGroupConfig(16, ("layer.0", "layer.1"), 0),),
         worker_kv_bytes_per_block=BLOCK_BYTES,
-        enable_kv_cache_events=False,
+        enable_kv_cache_events=events,
         extra_config={"cpu_bytes_to_use": primary_chunks * BLOCK_BYTES, "secondary_tiers": [entry]},
         engine_id=f"test-{os.getpid()}-{id(entry)}",
         model=OffloadingModelConfig("tiny-llama", "float16"),

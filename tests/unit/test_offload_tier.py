@@ -218,3 +218,22 @@ def test_lookup_before_any_store_is_a_quiet_miss(
     with caplog.at_level("WARNING"):
         assert driver.load([make_offload_key(os.urandom(32), 0)]) == [None]
     assert not [r for r in caplog.records if "lookup" in r.getMessage()]
+
+
+def test_kv_events_name_the_chunks_this_tier_stored(tmp_path: Path) -> None:
+    from vllm.v1.kv_offload.base import Medium
+
+    (tmp_path / "store").mkdir()
+    d = Driver(make_spec(tier_entry(tmp_path, enable_kv_events=True), events=True))
+    try:
+        keys = [make_offload_key(os.urandom(32), 0) for _ in range(2)]
+        d.store(keys, [payload(1), payload(2)])
+        stored = [
+            key
+            for event in d.manager.take_events()
+            if event.medium is Medium.STORAGE and not event.removed
+            for key in event.keys
+        ]
+        assert stored == keys
+    finally:
+        d.shutdown()
