@@ -46,16 +46,17 @@ QuickOpt = Annotated[
 def metadata(
     quick: QuickOpt = False,
     mode: Annotated[
-        str,
+        str | None,
         typer.Option(
             "--mode",
             metavar="LIST",
             help="embedded (sqlite:///, clients share one file), serve (an hf3fsctl serve "
             "this starts on loopback), in-tree (vLLM's own metadata server: the ÷ in-tree "
             "columns compare only with it, measured in this run; skipped where vLLM is "
-            "missing), redis, serve-redis.",
+            "missing), redis, serve-redis. Default embedded,serve,in-tree; with several "
+            "--entries (or --scale): embedded,serve,redis,in-tree.",
         ),
-    ] = "embedded,serve,in-tree",
+    ] = None,
     url: Annotated[
         str | None,
         typer.Option(
@@ -94,13 +95,21 @@ def metadata(
         ),
     ] = None,
     entries: Annotated[
-        int | None,
+        str | None,
         typer.Option(
             "--entries",
-            min=1,
-            help="Committed entries every store is pre-filled with (200000; quick 10000).",
+            metavar="N[,N…]",
+            help="Committed entries every store is pre-filled with (200000; quick 10000; "
+            "1e5 notation). Several sizes (1e5,1e6) run the scale study: each backend's "
+            "store FULL at each N (every allocate evicts), keys saved/s, lookups/s, "
+            "bytes/entry and server CPU µs/call per N, and the rate ratio smallest ÷ "
+            "largest N (goal ≤ 1.5).",
         ),
     ] = None,
+    scale: Annotated[
+        bool,
+        typer.Option("--scale", help="Run the scale study even with one --entries size."),
+    ] = False,
     workers: Annotated[
         int, typer.Option("--workers", min=1, help="Server processes of the server it starts.")
     ] = 1,
@@ -124,6 +133,35 @@ def metadata(
 
     if plot_path is not None:
         bench_output.require_plotting()
+    sizes = parse_entries(entries) if entries else None
+    if scale or (sizes is not None and len(sizes) > 1):
+        from hf3fsctl.cli import bench_metadata_scale
+
+        if plot_path is not None or url is not None:
+            raise InvalidRequest("--plot and --url are not for the scale study (--entries N,N…)")
+        counts = report.parse_ints(clients, "--clients") if clients else None
+        if counts is not None and len(counts) > 1:
+            raise InvalidRequest("the scale study takes one --clients count, e.g. --clients 2")
+        bench_output.run_and_publish(
+            bench.run_scale,
+            bench.ScaleSettings,
+            quick=quick,
+            overrides={
+                "entries": tuple(sizes) if sizes else None,
+                "clients": counts[0] if counts else None,
+                "seconds": seconds,
+                "modes": tuple(report.parse_choices(mode, "--mode", bench.SCALE_MODES))
+                if mode
+                else None,
+            },
+            fixed={"workers": workers, "directory": directory, "keep": keep},
+            json_stdout=json_output,
+            json_path=json_out,
+            plot_path=None,
+            render=bench_metadata_scale.render_scale,
+            plot=lambda document, path: None,
+        )
+        return
     token = None
     if token_file is not None:
         if url is None:
@@ -134,10 +172,12 @@ def metadata(
     overrides: dict[str, Any] = {
         "clients": tuple(report.parse_ints(clients, "--clients")) if clients else None,
         "seconds": seconds,
-        "entries": entries,
+        "entries": sizes[0] if sizes else None,
     }
     fixed: dict[str, Any] = {
-        "modes": tuple(report.parse_choices(mode, "--mode", bench.MODES)),
+        "modes": tuple(
+            report.parse_choices(mode or "embedded,serve,in-tree", "--mode", bench.MODES)
+        ),
         "ops": tuple(report.parse_choices(ops, "--ops", bench.OPS)),
         "url": url,
         "token": token,
@@ -157,6 +197,29 @@ def metadata(
         render=render,
         plot=plot,
     )
+
+
+def parse_entries(text: str) -> list[int]:
+    """`"1e5,1e6"` or `"100000,1000000"` → store sizes.
+
+    Raises:
+        InvalidRequest: naming --entries when an item is not a whole positive number.
+    """
+    from hf3fsctl.errors import InvalidRequest
+
+    sizes: list[int] = []
+    for item in text.split(","):
+        try:
+            value = float(item.strip().replace("_", ""))
+        except ValueError:
+            value = -1.0
+        if value < 1 or value != int(value):
+            raise InvalidRequest(
+                f"--entries: {item.strip()!r} is not a whole positive number; give e.g. 1e5,1e6"
+            )
+        if int(value) not in sizes:
+            sizes.append(int(value))
+    return sizes
 
 
 def full_columns(goal: float) -> list[str]:

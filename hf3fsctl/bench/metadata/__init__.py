@@ -45,7 +45,8 @@ Each cell runs for `seconds` after every client is connected and warmed up.
 Rooms: `settings` (operations, modes, `MetadataSettings`), `stores` (keys, manifests,
 filling and copying stores), `children` (forked set-up children), `processes` (`hf3fsctl
 serve` servers, RSS), `cells` (one timed cell), `figures` (ratios, memory, the full-store
-comparison), `run` (the document). The peers it measures beside its own store are in
+comparison), `run` (the document), `scale` (`--entries N[,N…]`: every backend's store
+full at each N, its own document, keys documented there). The peers it measures beside its own store are in
 `hf3fsctl.bench.peers`; the tables and the plot are the CLI's (`hf3fsctl.cli.bench_metadata`).
 """
 
@@ -53,6 +54,7 @@ from hf3fsctl.bench.loopback import check_loopback_url
 from hf3fsctl.bench.metadata.cells import cutoff_s, measure
 from hf3fsctl.bench.metadata.processes import rss_bytes
 from hf3fsctl.bench.metadata.run import run
+from hf3fsctl.bench.metadata.scale import SCALE_MODES, ScaleSettings, run_scale
 from hf3fsctl.bench.metadata.settings import (
     FULL_GOAL,
     FULL_OPS,
@@ -77,7 +79,9 @@ __all__ = [
     "OPS",
     "OP_LABELS",
     "PAGE_BYTES",
+    "SCALE_MODES",
     "MetadataSettings",
+    "ScaleSettings",
     "StoreSpec",
     "bench_manifest",
     "bench_rank_file",
@@ -88,4 +92,5 @@ __all__ = [
     "measure",
     "rss_bytes",
     "run",
+    "run_scale",
 ]

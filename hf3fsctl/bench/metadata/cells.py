@@ -7,6 +7,7 @@ still running `cutoff_s(seconds)` after the window is cut off and counted as unf
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from array import array
@@ -61,6 +62,24 @@ def _operation(
                 raise MetadataUnavailable(f"lookup found {hits} of {LOOKUP_KEYS} stored keys")
 
         return lookup, warm
+    if op == "lookup_spread":  # a chain starting anywhere in the store (every page is hit)
+        span = spec.entries - LOOKUP_KEYS
+
+        def chain_now() -> list[str]:
+            first = (worker * 7919 + counter[0] * 104_729) % span
+            counter[0] += 1
+            return [key(spec.stored_tag, first + i) for i in range(LOOKUP_KEYS)]
+
+        def lookup_spread() -> tuple[int, int]:
+            client.lookup(first_ns, chain_now())
+            return 0, 0
+
+        def warm_spread() -> None:
+            hits = client.lookup(first_ns, chain_now())
+            if hits != LOOKUP_KEYS:
+                raise MetadataUnavailable(f"lookup found {hits} of {LOOKUP_KEYS} stored keys")
+
+        return lookup_spread, warm_spread
     if op == "locate":
         span = spec.entries - BATCH
 
@@ -130,6 +149,7 @@ def _client_main(
     no_space = committed = failed = 0
     failure = ""
     try:
+        cpu_began = _own_cpu_s()
         start = time.monotonic()
         queue.put(("start", worker, start))
         end_at = start + seconds
@@ -154,7 +174,7 @@ def _client_main(
                 latencies, no_space, committed, failed, flushed = array("d"), 0, 0, 0, now
             if now >= end_at:
                 break
-        queue.put(("done", worker, time.monotonic()))
+        queue.put(("done", worker, time.monotonic(), _own_cpu_s() - cpu_began))
         client.close()
     except BaseException as exc:
         queue.put(("error", worker, f"{type(exc).__name__}: {exc}"))
@@ -163,13 +183,25 @@ def _client_main(
 _FLUSH_S = 0.25  # how often a client sends its latencies
 
 
+def _own_cpu_s() -> float:
+    times = os.times()
+    return times.user + times.system
+
+
 def cutoff_s(seconds: float) -> float:
     """How long after a cell's window a call still running is cut off."""
     return max(5.0, 2.0 * seconds)
 
 
-def measure(spec: StoreSpec, op: str, clients: int, seconds: float, tag: str) -> dict[str, Any]:
-    """One (operation, client count) cell: ops/s and latency percentiles.
+def measure(
+    spec: StoreSpec,
+    op: str,
+    clients: int,
+    seconds: float,
+    tag: str,
+    server_cpu: Callable[[], float] | None = None,
+) -> dict[str, Any]:
+    """One (operation, client count) cell: ops/s, latency percentiles and CPU per call.
 
     The cell is bounded: clients stop starting calls `seconds` after they start, and a
     call still running `cutoff_s(seconds)` later is cut off (its client killed). It
@@ -177,6 +209,11 @@ def measure(spec: StoreSpec, op: str, clients: int, seconds: float, tag: str) ->
     bound, so a percentile that reaches it is one too); `truncated` says so. A call the
     service refuses (an `Hf3fsctlError`: busy, unavailable) is a `failed_calls`: in the
     latencies, not in ops/s, which counts calls that succeeded.
+
+    CPU per call: `client_cpu_us_per_call` is the client processes' own CPU time
+    (user + system) over the window ÷ calls (embedded: the store runs there);
+    `server_cpu_us_per_call` is `server_cpu()` (CPU seconds of the server's processes)
+    read as the window opens and after it, ÷ calls; None without a server.
     """
     ctx = fork_context()
     barrier = ctx.Barrier(clients + 1)
@@ -199,11 +236,14 @@ def measure(spec: StoreSpec, op: str, clients: int, seconds: float, tag: str) ->
     failure = ""
     error: tuple[int, str] | None = None
     deadline: float | None = None
+    client_cpu = 0.0
+    server_began = server_ended = None
     try:
         try:
             barrier.wait(timeout=600)
         except threading.BrokenBarrierError:
             pass
+        server_began = server_cpu() if server_cpu else None
         while len(ends) < clients and error is None:
             now = time.monotonic()
             if deadline is None and starts:
@@ -230,9 +270,11 @@ def measure(spec: StoreSpec, op: str, clients: int, seconds: float, tag: str) ->
                 failure = failure or message[6]
             elif kind == "done":
                 ends[worker] = message[2]
+                client_cpu += message[3]
             else:
                 error = (worker, message[2])
         cut = time.monotonic()
+        server_ended = server_cpu() if server_cpu else None
         unfinished = [
             cut - in_flight[w] for w in range(clients) if w not in ends and in_flight[w] > 0
         ]
@@ -250,7 +292,7 @@ def measure(spec: StoreSpec, op: str, clients: int, seconds: float, tag: str) ->
     truncated = len(ends) < clients
     window = (cut if truncated else max(ends.values())) - min(starts.values())
     succeeded = len(latencies) - failed
-    keys = {"ping": 1, "lookup": LOOKUP_KEYS}.get(op, BATCH)
+    keys = {"ping": 1, "lookup": LOOKUP_KEYS, "lookup_spread": LOOKUP_KEYS}.get(op, BATCH)
     ops = succeeded / window if window > 0 else None
     return {
         "op": op,
@@ -268,6 +310,12 @@ def measure(spec: StoreSpec, op: str, clients: int, seconds: float, tag: str) ->
         "no_space_keys": no_space,
         "committed_keys": committed,
         "committed_keys_per_s": committed / window if window > 0 else None,
+        "client_cpu_us_per_call": 1e6 * client_cpu / succeeded
+        if succeeded and not truncated
+        else None,
+        "server_cpu_us_per_call": None
+        if server_began is None or server_ended is None or not succeeded
+        else 1e6 * (server_ended - server_began) / succeeded,
     }
 
 
@@ -279,12 +327,18 @@ def measure_cell(
     settings: MetadataSettings,
     tag: str,
     say: report.Progress,
+    server_cpu: Callable[[], float] | None = None,
 ) -> dict[str, Any]:
-    row = {"mode": mode, **measure(spec, op, clients, settings.seconds, tag)}
+    row = {"mode": mode, **measure(spec, op, clients, settings.seconds, tag, server_cpu)}
     say(
         f"  {mode:<9} {op:<13} x{clients:<3} {report.fmt(row['ops'], 1):>9} ops/s  "
         f"p50 {report.fmt(row['p50_ms'])} ms  p99 {report.fmt(row['p99_ms'])} ms  "
         f"p99.9 {report.fmt(row['p999_ms'])} ms"
+        + (
+            f"  server {report.fmt(row['server_cpu_us_per_call'], 0)} µs CPU/call"
+            if row["server_cpu_us_per_call"] is not None
+            else ""
+        )
     )
     return row
 
@@ -296,9 +350,10 @@ def measure_cells(
     settings: MetadataSettings,
     tag: str,
     say: report.Progress,
+    server_cpu: Callable[[], float] | None = None,
 ) -> list[dict[str, Any]]:
     return [
-        measure_cell(mode, spec, op, clients, settings, tag, say)
+        measure_cell(mode, spec, op, clients, settings, tag, say, server_cpu)
         for op in ops
         for clients in settings.clients
     ]

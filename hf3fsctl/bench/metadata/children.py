@@ -2,7 +2,8 @@
 
 Contract: `in_child(fn, *args)` runs `fn(*args)` in a fresh fork (the parent stays
 lean: a store's fill never loads its index into the benchmark process) and returns its
-result; a child that fails or dies raises `MetadataUnavailable` naming why.
+result (`start_child` runs it beside the caller's own work, `Child.result` waits);
+a child that fails or dies raises `MetadataUnavailable` naming why.
 """
 
 from __future__ import annotations
@@ -28,10 +29,33 @@ def _child_entry(fn: Callable[..., Any], args: tuple[Any, ...], queue: Any) -> N
 
 def in_child(fn: Callable[..., Any], *args: Any) -> Any:
     """Run `fn(*args)` in a forked child (keeps this process's memory lean); its result."""
-    ctx = fork_context()
-    queue = ctx.Queue()
-    child = ctx.Process(target=_child_entry, args=(fn, args, queue), daemon=True)
-    child.start()
+    return start_child(fn, *args).result()
+
+
+class Child:
+    """A forked child running one function; `result()` waits for it."""
+
+    def __init__(self, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
+        ctx = fork_context()
+        self.queue = ctx.Queue()
+        self.process = ctx.Process(target=_child_entry, args=(fn, args, self.queue), daemon=True)
+        self.process.start()
+
+    def result(self) -> Any:
+        """Its function's result.
+
+        Raises:
+            MetadataUnavailable: it failed or died.
+        """
+        return _wait(self.process, self.queue)
+
+
+def start_child(fn: Callable[..., Any], *args: Any) -> Child:
+    """Start `fn(*args)` in a forked child (run beside this process's own work)."""
+    return Child(fn, args)
+
+
+def _wait(child: Any, queue: Any) -> Any:
     try:
         while True:
             try:

@@ -2,7 +2,7 @@
 
 Contract: a child runs one function and reports its result (or its error) back; a
 `Server` is a real `hf3fsctl serve` on a free loopback port with a token, stopped
-(SIGTERM, then SIGKILL of its process tree) on exit; `rss_bytes` reads /proc.
+(SIGTERM, then SIGKILL of its process tree) on exit; `rss_bytes` and `cpu_seconds` read /proc.
 """
 
 from __future__ import annotations
@@ -38,6 +38,20 @@ def rss_bytes(pid: int) -> int:
             if line.startswith("VmRSS:"):
                 total += int(line.split()[1]) * 1024
     return total
+
+
+def cpu_seconds(pid: int) -> float:
+    """CPU time (user + system) of a process and all its descendants (0 when gone)."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for current in (pid, *_descendants(pid)):
+        try:
+            stat = Path(f"/proc/{current}/stat").read_text()
+        except OSError:
+            continue
+        fields = stat.rsplit(")", 1)[1].split()  # after the command name (may hold spaces)
+        total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14, 15 of stat)
+    return total / ticks
 
 
 def probe_embedded(spec: StoreSpec) -> dict[str, int]:
@@ -147,6 +161,10 @@ class Server:
     def rss(self) -> int:
         """Resident set of the server's process tree."""
         return rss_bytes(self.process.pid) if self.process is not None else 0
+
+    def cpu(self) -> float:
+        """CPU seconds the server's process tree has used so far."""
+        return cpu_seconds(self.process.pid) if self.process is not None else 0.0
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""

@@ -113,15 +113,16 @@ class StoreSpec:
         )
 
 
-def _full_watermarks(pages: int) -> tuple[float, float]:
+def full_watermarks(pages: int) -> tuple[float, float]:
     """High 1.0 and low half a page below it: once full, each allocate evicts what it needs."""
     return 1.0, 1.0 - 0.5 / pages
 
 
 def create_store(
-    directory: Path, name: str, entries: int, tag: str, run: str
+    directory: Path, name: str, entries: int, tag: str, run: str, *, fork: bool = True
 ) -> tuple[StoreSpec, Path]:
-    """Create and fill one store (in a child process); returns its spec and database."""
+    """Create and fill one store (in a child process unless `fork` is False: a caller
+    that is one already); returns its spec and database."""
     full = name in FULL_OPS
     count = FULL_NAMESPACES if name == "full_8ns" else 1
     manifests = [bench_manifest(f"hf3fsctl-bench/{run}/{name}/{i}") for i in range(count)]
@@ -129,7 +130,7 @@ def create_store(
     db = directory / f"{name}.db"
     root = directory / f"storage-{name}"
     root.mkdir(parents=True, exist_ok=True)
-    high, low = _full_watermarks(entries) if full else (0.95, 0.85)
+    high, low = full_watermarks(entries) if full else (0.95, 0.85)
     capacity = entries * PAGE_BYTES if full else UNBOUNDED_BYTES
     spec = StoreSpec(
         name=name,
@@ -142,7 +143,10 @@ def create_store(
         high=high,
         low=low,
     )
-    in_child(_fill_store, spec, db, root, capacity, manifests)
+    if fork:
+        in_child(_fill_store, spec, db, root, capacity, manifests)
+    else:
+        _fill_store(spec, db, root, capacity, manifests)
     return spec, db
 
 
