@@ -375,13 +375,50 @@ def test_the_store_records_its_format_and_refuses_another(redis_url: str) -> Non
     store = RedisMetadataStore(MetadataUrl.parse(redis_url))
     raw = redis.Redis.from_url(redis_url)
     try:
-        assert raw.hget("{hf3fsctl}:info", "format") == b"1"
-        raw.hset("{hf3fsctl}:info", "format", 2)  # as a newer hf3fsctl would leave it
-        with pytest.raises(StoreFormatError, match="format 2") as refused:
+        assert raw.hget("{hf3fsctl}:info", "format") == b"2"
+        raw.hset("{hf3fsctl}:info", "format", 3)  # as a newer hf3fsctl would leave it
+        with pytest.raises(StoreFormatError, match="format 3") as refused:
             RedisMetadataStore(MetadataUrl.parse(redis_url))
         assert refused.value.hint is not None and "upgrade" in refused.value.hint
     finally:
+        raw.hset("{hf3fsctl}:info", "format", 2)
+        raw.close()
+        store.close()
+
+
+def test_a_format_1_store_gets_its_lru_index_rebuilt_on_open(redis_url: str) -> None:
+    """Format 1's LRU members were bare keys; opening rewrites them (depth first), keeps
+    each score, records format 2, and eviction then takes the chain's tail first."""
+    import redis
+
+    store = RedisMetadataStore(MetadataUrl.parse(redis_url))
+    raw = redis.Redis.from_url(redis_url, decode_responses=True)
+    try:
+        ns = _namespace(store)
+        keys = _keys(4)
+        result = store.allocate(ns, 0, keys)  # one chain: depths 0..3, one commit stamp
+        store.commit(
+            ns,
+            0,
+            [CommitItem(key=a.key, page=a.page, checksum="x", size=PAGE) for a in result.allocated],
+        )
+        lru = f"{{hf3fsctl}}:lru:{ns}"
+        scored = raw.zrange(lru, 0, -1, withscores=True)
+        assert [m[4:] for m, _ in scored] == keys[::-1]  # deepest first among equals
+        raw.delete(lru)  # as format 1 laid it out
+        raw.zadd(lru, {m[4:]: score for m, score in scored})
         raw.hset("{hf3fsctl}:info", "format", 1)
+        reopened = RedisMetadataStore(MetadataUrl.parse(redis_url))
+        try:
+            assert raw.hget("{hf3fsctl}:info", "format") == "2"
+            assert raw.zrange(lru, 0, -1, withscores=True) == scored
+            assert reopened.check_invariants() == []
+            evicted = reopened.evict(EvictRequest(namespace=ns, max_entries=1))
+            assert evicted.keys == 1
+            assert store.lookup(ns, keys) == 3  # the tail went, the head stays
+        finally:
+            reopened.close()
+    finally:
         raw.close()
         store.close()
 
@@ -716,7 +753,7 @@ def test_doctor_checks_a_redis_stores_role_and_invariants(redis_url: str, tmp_pa
     )
     # a lone server: the master, no replica to fail over to, the layout's format
     assert redis_check["status"] == "warn" and "no replica" in redis_check["detail"]
-    assert "role master" in redis_check["detail"] and "store format 1" in redis_check["detail"]
+    assert "role master" in redis_check["detail"] and "store format 2" in redis_check["detail"]
     store._redis.hincrby(f"{{hf3fsctl}}:rf:{ns}:0", "used", 1)  # a count gone wrong
     found = invariants()
     assert found["status"] == "fail" and "used pages" in found["detail"]

@@ -10,7 +10,7 @@ Key layout (every key starts with the prefix `{hf3fsctl}:`, one hash tag):
 
 | key | type | holds |
 | --- | --- | --- |
-| `info` | hash | `format` (the layout below: `store.FORMAT`; another is refused on open), `capacity_bytes` (the store's one budget) |
+| `info` | hash | `format` (the layout below: `store.FORMAT`; format 1 is migrated on open, another is refused), `capacity_bytes` (the store's one budget) |
 | `namespaces` | zset | namespace id → created |
 | `manifests` | hash | namespace id → canonical manifest JSON |
 | `ns:NS` | hash | `num_ranks`, `model`, `key_bytes`, `keys` (committed on every rank), traffic counters, `created`, `last_used` |
@@ -23,7 +23,7 @@ Key layout (every key starts with the prefix `{hf3fsctl}:`, one hash tag):
 | `give:NS:RANK` | zset | page marked to give back → when marked (punch, then settle) |
 | `holes:NS:RANK` | zset | page whose space was punched back → when |
 | `c:NS` | hash | key → ranks committed (`lookup` reads it with a native `HMGET`) |
-| `lru:NS` | zset | key with a committed rank → last access |
+| `lru:NS` | zset | the eviction index: `lru_member` (4 hex digits of 0xffff − depth, then the key) of each key with a committed rank → last access; equal scores sort by member, so chain tails first, and `ZRANGE … LIMIT` yields victims in eviction order (format 2; format 1's bare-key members are rebuilt on open) |
 | `pins:NS` | hash | key → `"expires created"` (0: no TTL) |
 | `ev:NS` | hash | `REASON:keys`, `REASON:bytes` evicted (capacity, quota, file_full, admin, corrupt) |
 | `held`, `giving` | hash | namespace → bytes its files hold / bytes being given back |

@@ -64,6 +64,7 @@ SCRIPTS = (
     "invalidate",
     "locate",
     "marks",
+    "migrate_lru",
     "pin",
     "register_namespace",
     "register_rank",

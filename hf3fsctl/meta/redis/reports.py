@@ -421,7 +421,7 @@ def invariants(client: Redis, prefix: str) -> list[str]:
             problems.append(
                 f"namespace {ns} counts {c.get('keys')} complete keys but {complete} are"
             )
-        lru = set(_members(client, f"{prefix}lru:{ns}"))
+        lru = {m[4:] for m in _members(client, f"{prefix}lru:{ns}")}  # `lru_member`
         if lru != set(committed):
             problems.append(f"namespace {ns}: LRU members differ from its committed keys")
         if held.get(ns, 0) != held_bytes:

@@ -74,8 +74,10 @@ T = TypeVar("T")
 PREFIX = "{hf3fsctl}:"  # one hash tag: every key of a store in one Cluster slot
 STALE_MARK_S = 60.0  # a mark this old belongs to a process that died before punching
 # The Redis store's key layout (hf3fsctl/meta/redis/__init__.py), recorded as `info.format`
-# by the first process that opens an empty store; any other value is refused on open.
-FORMAT = 1
+# by the first process that opens an empty store. Format 1 (LRU members were bare keys)
+# is migrated on open (`lua/migrate_lru.lua`); any other value is refused.
+FORMAT = 2
+MIGRATABLE = 1
 EVICT_BATCH = 1000  # keys an admin eviction takes per script call (tens of ms of Redis)
 _LOCATIONS = TypeAdapter(list[Location | None])
 
@@ -232,6 +234,9 @@ class RedisMetadataStore(StoreCore):
             logger.debug("Redis store %s: format not checked: %s", self.url, exc)
             return
         stored = int(raw) if raw is not None else FORMAT
+        if stored == MIGRATABLE:
+            self._migrate_lru()
+            return
         if stored == FORMAT:
             return
         newer = stored > FORMAT
@@ -246,6 +251,21 @@ class RedisMetadataStore(StoreCore):
             stored=stored,
             supported=FORMAT,
         )
+
+    def _migrate_lru(self) -> None:
+        """Format 1 → 2: rebuild each namespace's LRU index with the members that order
+        equally old keys deepest first (`lua/common.lua`, `lru_member`), one atomic script
+        per namespace that also records the namespace as done (so a process that dies
+        midway leaves format 1, and the next open rebuilds only the rest), then record
+        format 2."""
+        namespaces = self._read(lambda: list(self._redis.zrange(self._key("namespaces"), 0, -1)))
+        for ns in namespaces:
+            moved = self._run("migrate_lru", [ns])
+            logger.info(
+                "Redis store %s: namespace %s: LRU index rebuilt (%s keys)", self.url, ns, moved
+            )
+        self._read(lambda: self._redis.hset(self._key("info"), "format", FORMAT))
+        self._read(lambda: self._redis.delete(self._key("migrated_lru")))
 
     def _record_default_capacity(self) -> None:
         """Finish marks a crashed process left; record the policy's default capacity

@@ -29,7 +29,7 @@ for n, key in ipairs(keys) do
     count_args[#count_args + 1] = key
     count_args[#count_args + 1] = c
     lru_args[#lru_args + 1] = stamp
-    lru_args[#lru_args + 1] = key
+    lru_args[#lru_args + 1] = lru_member(key, e.depth)
     done_keys[#done_keys + 1] = key
     change(ns, key, 1)
   end

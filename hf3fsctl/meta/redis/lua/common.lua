@@ -27,7 +27,7 @@ local function k_holes(ns, r) return P .. 'holes:' .. ns .. ':' .. r end  -- zse
 local function k_give(ns, r) return P .. 'give:' .. ns .. ':' .. r end   -- zset page -> marked at
 local function k_pend(ns, r) return P .. 'pend:' .. ns .. ':' .. r end   -- zset key -> deadline
 local function k_c(ns) return P .. 'c:' .. ns end               -- hash: key -> committed ranks
-local function k_lru(ns) return P .. 'lru:' .. ns end           -- zset key -> last access
+local function k_lru(ns) return P .. 'lru:' .. ns end           -- zset lru_member -> last access
 local function k_pins(ns) return P .. 'pins:' .. ns end         -- hash: key -> "expires created"
 local function k_ev(ns) return P .. 'ev:' .. ns end             -- hash: reason:keys / reason:bytes
 local K_INFO = P .. 'info'            -- hash: capacity_bytes, schema
@@ -65,6 +65,18 @@ local function pack_entry(e)
 end
 
 local NOW_S = f6(NOW)
+
+-- the LRU index ---------------------------------------------------------------------------
+-- `lru:NS` is THE eviction order: scored by last access, and among equal scores Redis
+-- orders members by their bytes, so a member is 4 hex digits of 0xffff - depth (depth
+-- clamped to 0..0xffff) then the key: equally old keys come deepest first (a chain's
+-- tail before its head), then by key — the order SQLite's index gives
+-- (last_access, depth DESC, key). `ZRANGE … LIMIT` walks it: k victims cost O(k log n).
+local function lru_member(key, depth)
+  return string.format('%04x', 0xffff - math.max(0, math.min(0xffff, depth))) .. key
+end
+local function lru_key(member) return string.sub(member, 5) end
+local function lru_depth(member) return 0xffff - tonumber(string.sub(member, 1, 4), 16) end
 
 -- the change log ---------------------------------------------------------------------
 -- Each stream entry is a run of consecutive changes of one namespace and sign: fields
@@ -207,10 +219,12 @@ end
 local function drop_key(ns, key, nranks)
   local freed = {}
   local had = 0
+  local members = {}
   for r = 0, nranks - 1 do
     local ek = k_e(ns, r)
     local e = unpack_entry(redis.call('HGET', ek, key))
     if e and e.state == 1 then
+      members[lru_member(key, e.depth)] = true
       redis.call('HDEL', ek, key)
       free_page(ns, r, e.page, math.max(NOW, e.lease))
       redis.call('HINCRBY', k_rf(ns, r), 'used', -1)
@@ -224,7 +238,7 @@ local function drop_key(ns, key, nranks)
     if c >= nranks then redis.call('HINCRBY', k_ns(ns), 'keys', -1) end
     redis.call('HDEL', k_c(ns), key)
   end
-  redis.call('ZREM', k_lru(ns), key)
+  for m in pairs(members) do redis.call('ZREM', k_lru(ns), m) end
   return freed
 end
 

@@ -42,33 +42,18 @@ local threshold = nil
 for _, ns in ipairs(scope) do
   ranks[ns] = tonumber(redis.call('HGET', k_ns(ns), 'num_ranks'))
   offset[ns] = offset[ns] or 0
+  -- the LRU index is in eviction order (lua/common.lua, `lru_member`): a window of it
   local got = redis.call('ZRANGEBYSCORE', k_lru(ns), '-inf', max_score, 'WITHSCORES',
     'LIMIT', offset[ns], batch)
   for i = 1, #got, 2 do
-    local ok, depth = evictable(ns, got[i], ranks[ns], false, include_pinned, nil)
-    cands[#cands + 1] = {ns, got[i], tonumber(got[i + 1]), depth, ok}
+    cands[#cands + 1] = {ns, lru_key(got[i]), tonumber(got[i + 1]), got[i]}
   end
   if #got == 2 * batch then  -- more beyond: only what sorts before this is in order
-    local last = tonumber(got[#got])
-    if threshold == nil or last < threshold then threshold = last end
-    -- every key as old as the last one (one commit's chain), so its tail goes first
-    local seen = {}
-    for i = 1, #got, 2 do seen[got[i]] = true end
-    local same = redis.call('ZRANGEBYSCORE', k_lru(ns), got[#got], got[#got])
-    for _, key in ipairs(same) do
-      if not seen[key] then
-        local ok, depth = evictable(ns, key, ranks[ns], false, include_pinned, nil)
-        cands[#cands + 1] = {ns, key, last, depth, ok}
-      end
-    end
+    local last = cands[#cands]
+    if threshold == nil or sorts_before(last, threshold) then threshold = last end
   end
 end
-table.sort(cands, function(a, b)
-  if a[3] ~= b[3] then return a[3] < b[3] end
-  if a[4] ~= b[4] then return a[4] > b[4] end
-  if a[1] ~= b[1] then return a[1] < b[1] end
-  return a[2] < b[2]
-end)
+if #scope > 1 then table.sort(cands, sorts_before) end
 local keys, pages, freed_bytes = 0, 0, 0
 local by_ns, counts = {}, {}
 local finished = threshold == nil  -- every candidate is in this batch
@@ -78,9 +63,9 @@ for _, c in ipairs(cands) do
     finished = true
     break
   end
-  if threshold ~= nil and c[3] > threshold then break end
+  if threshold ~= nil and sorts_before(threshold, c) then break end
   local ns, key = c[1], c[2]
-  if not c[5] then
+  if not evictable(ns, key, ranks[ns], false, include_pinned, nil) then
     offset[ns] = offset[ns] + 1  -- stays in the set: walk past it
   else
     local freed = {}

@@ -24,41 +24,35 @@ local function evictable(ns, key, nranks, lru, include_pinned, need_rank)
   return true, depth
 end
 
+-- Whether candidate `a` {ns, key, last_access, lru member} goes before `b`: the LRU
+-- index's own order (last access, then the member: deepest first, then key), then
+-- namespace — SQLite's (last_access, depth DESC, key).
+local function sorts_before(a, b)
+  if a[3] ~= b[3] then return a[3] < b[3] end
+  if a[4] ~= b[4] then return a[4] < b[4] end
+  return a[1] < b[1]
+end
+
 -- THE eviction decision of the allocate path (SQLite's twin: `choose_victims` in
--- hf3fsctl/meta/sqlite/eviction.py): up to `batch` least-recently-used keys of each
--- namespace of `scope` past `skip[ns]` (the ones walked past as not evictable), merged by
--- last access, chain tails (greatest depth) first among equally old keys. Returns the
--- candidates {ns, key, last_access, evictable, depth} in eviction order, and the
--- `threshold` past which a namespace has keys not fetched (nil: every key is here).
-local function choose_victims(scope, skip, ranks, batch, need_rank)
+-- hf3fsctl/meta/sqlite/eviction.py): the next `batch` members of each namespace's LRU
+-- index past `skip[ns]` (the ones walked past as not evictable) — `ZRANGE`, already in
+-- eviction order, so O(batch + log n) each — merged. Returns the candidates {ns, key,
+-- last_access, member} in eviction order, and the `threshold` candidate past which a
+-- namespace has members not fetched (nil: every member is here).
+local function choose_victims(scope, skip, batch)
   local cands = {}
   local threshold = nil
   for _, ns in ipairs(scope) do
     local got = redis.call('ZRANGE', k_lru(ns), skip[ns], skip[ns] + batch - 1, 'WITHSCORES')
     for i = 1, #got, 2 do
-      cands[#cands + 1] = {ns, got[i], tonumber(got[i + 1])}
+      cands[#cands + 1] = {ns, lru_key(got[i]), tonumber(got[i + 1]), got[i]}
     end
     if #got == 2 * batch then
-      local last = tonumber(got[#got])
-      if threshold == nil or last < threshold then threshold = last end
-      -- every key as old as the last one (one commit's chain), so its tail goes first
-      local seen = {}
-      for i = 1, #got, 2 do seen[got[i]] = true end
-      for _, key in ipairs(redis.call('ZRANGEBYSCORE', k_lru(ns), got[#got], got[#got])) do
-        if not seen[key] then cands[#cands + 1] = {ns, key, last} end
-      end
+      local last = cands[#cands]
+      if threshold == nil or sorts_before(last, threshold) then threshold = last end
     end
   end
-  for _, c in ipairs(cands) do
-    local ok, depth = evictable(c[1], c[2], ranks[c[1]], true, false, need_rank)
-    c[4] = ok
-    c[5] = depth
-  end
-  table.sort(cands, function(a, b)
-    if a[3] ~= b[3] then return a[3] < b[3] end
-    if a[5] ~= b[5] then return a[5] > b[5] end
-    return a[2] < b[2]
-  end)
+  if #scope > 1 then table.sort(cands, sorts_before) end
   return cands, threshold
 end
 
@@ -66,7 +60,8 @@ end
 -- access, chain tails first among equally old keys) until `satisfied()`, or `limit`
 -- keys were evicted (so one script never holds Redis for long: a swing larger than the
 -- limit is spread over the next allocations). `on_free(ns, rank, page)` hears of every
--- freed page. Counts them under `reason`.
+-- freed page. Counts them under `reason`. Each candidate is checked (`evictable`) only
+-- when reached: the cost is the keys walked, not the store's size.
 local function evict_lru(scope, satisfied, on_free, reason, batch, need_rank, limit)
   local counts = {}
   local skip = {}
@@ -74,15 +69,16 @@ local function evict_lru(scope, satisfied, on_free, reason, batch, need_rank, li
   for _, ns in ipairs(scope) do skip[ns] = 0; ranks[ns] = tonumber(redis.call('HGET', k_ns(ns), 'num_ranks')) or 0 end
   local evicted = 0
   while not satisfied() and evicted < limit do
-    local cands, threshold = choose_victims(scope, skip, ranks, batch, need_rank)
+    local cands, threshold = choose_victims(scope, skip, batch)
     if #cands == 0 then break end
     local progressed = false
     for _, c in ipairs(cands) do
-      if threshold ~= nil and c[3] > threshold then break end
+      if threshold ~= nil and sorts_before(threshold, c) then break end
       if satisfied() or evicted >= limit then break end
       progressed = true
       local ns, key = c[1], c[2]
-      if c[4] then
+      local ok, depth = evictable(ns, key, ranks[ns], true, false, need_rank)
+      if ok then
         local freed = drop_key(ns, key, ranks[ns])
         local bytes = 0
         for _, fr in ipairs(freed) do
@@ -91,8 +87,8 @@ local function evict_lru(scope, satisfied, on_free, reason, batch, need_rank, li
         end
         count_evictions(counts, ns, 1, bytes)
         evicted = evicted + 1
-      elseif c[5] == -1 then
-        redis.call('ZREM', k_lru(ns), key)  -- no committed entry left: not a candidate
+      elseif depth == -1 then
+        redis.call('ZREM', k_lru(ns), c[4])  -- no committed entry left: not a candidate
       else
         skip[ns] = skip[ns] + 1
       end
