@@ -110,6 +110,35 @@ def metadata(
         bool,
         typer.Option("--scale", help="Run the scale study even with one --entries size."),
     ] = False,
+    fleet: Annotated[
+        int | None,
+        typer.Option(
+            "--fleet",
+            metavar="NODES",
+            min=1,
+            help="Size a fleet of NODES nodes: its calls per second per route (lookup per "
+            "scheduled request, locate + allocate + commit per prompt's hit/missed pages), "
+            "each route's server CPU per call measured here on full stores, and the serve "
+            "replicas / Redis shards it needs (docs/design.md, Fleet sizing).",
+        ),
+    ] = None,
+    gpus_per_node: Annotated[
+        int, typer.Option("--gpus-per-node", min=1, help="--fleet: GPUs per node.")
+    ] = 8,
+    requests_per_gpu: Annotated[
+        float,
+        typer.Option("--requests-per-gpu", help="--fleet: scheduled requests/s per GPU."),
+    ] = 4.0,
+    prompt_tokens: Annotated[
+        int, typer.Option("--prompt-tokens", min=1, help="--fleet: prompt length in tokens.")
+    ] = 4096,
+    block_size: Annotated[
+        int, typer.Option("--block-size", min=1, help="--fleet: tokens per stored page.")
+    ] = 16,
+    hit_ratio: Annotated[
+        float,
+        typer.Option("--hit-ratio", help="--fleet: share of a prompt's pages found stored."),
+    ] = 0.5,
     workers: Annotated[
         int, typer.Option("--workers", min=1, help="Server processes of the server it starts.")
     ] = 1,
@@ -134,6 +163,44 @@ def metadata(
     if plot_path is not None:
         bench_output.require_plotting()
     sizes = parse_entries(entries) if entries else None
+    if fleet is not None:
+        from hf3fsctl.cli import bench_metadata_scale
+
+        if sizes is not None and len(sizes) > 1:
+            raise InvalidRequest("--fleet measures one store size: give one --entries")
+        counts = report.parse_ints(clients, "--clients") if clients else None
+        if counts is not None and len(counts) > 1:
+            raise InvalidRequest("--fleet takes one --clients count, e.g. --clients 2")
+        bench_output.run_and_publish(
+            bench.run_fleet,
+            bench.FleetSettings,
+            quick=quick,
+            overrides={
+                "entries": sizes[0] if sizes else None,
+                "clients": counts[0] if counts else None,
+                "seconds": seconds,
+                "modes": tuple(report.parse_choices(mode, "--mode", bench.FLEET_MODES))
+                if mode
+                else None,
+            },
+            fixed={
+                "nodes": fleet,
+                "gpus_per_node": gpus_per_node,
+                "requests_per_gpu": requests_per_gpu,
+                "prompt_tokens": prompt_tokens,
+                "block_size": block_size,
+                "hit_ratio": hit_ratio,
+                "workers": workers,
+                "directory": directory,
+                "keep": keep,
+            },
+            json_stdout=json_output,
+            json_path=json_out,
+            plot_path=None,
+            render=bench_metadata_scale.render_fleet,
+            plot=lambda document, path: None,
+        )
+        return
     if scale or (sizes is not None and len(sizes) > 1):
         from hf3fsctl.cli import bench_metadata_scale
 

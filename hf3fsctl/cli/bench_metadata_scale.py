@@ -105,3 +105,47 @@ def render_scale(document: dict[str, Any]) -> RenderableType:
     for mode, why in (document.get("skipped_modes") or {}).items():
         parts.append(f"mode {mode} skipped: {why}")
     return Group(*parts)
+
+
+def render_fleet(document: dict[str, Any]) -> RenderableType:
+    """The fleet's routes, then each backend's measured cost and the instances it needs."""
+    from rich.console import Group
+
+    from hf3fsctl.cli import output
+
+    settings, model = document["settings"], document["model"]
+    routes = output.table(
+        ["route", "calls/s", "keys/call"],
+        [
+            [r["route"], report.fmt(r["calls_per_s"], 0), r["keys_per_call"]]
+            for r in document["routes"]
+        ],
+        title=f"fleet: {settings['nodes']} nodes × {settings['gpus_per_node']} GPUs × "
+        f"{settings['requests_per_gpu']:g} requests/s, {settings['prompt_tokens']} tokens "
+        f"= {model['blocks']} pages of {settings['block_size']} ({model['hit']} hit, "
+        f"{model['miss']} saved): {model['requests_per_s']:,.0f} requests/s",
+        right=("calls/s", "keys/call"),
+    )
+    sizing = output.table(
+        ["backend", "CPU µs/request", "by route", "cores", "instances", "nodes/instance"],
+        [
+            [
+                s["mode"],
+                report.fmt(s["cpu_us_per_request"], 0),
+                ", ".join(f"{k} {report.fmt(v, 0)}" for k, v in s["cpu_us"].items()),
+                report.fmt(s["cores"], 1),
+                "" if s["instances"] is None else f"{s['instances']} {s['instance']}",
+                report.fmt(s["nodes_per_instance"], 1),
+            ]
+            for s in document["sizing"]
+        ],
+        title=f"what the fleet needs: server CPU per request measured here on full stores of "
+        f"{settings['entries']:,} entries ({settings['clients']} clients, "
+        f"{settings['seconds']:g} s per route), one core per instance at "
+        f"{settings['utilization']:.0%}",
+        right=("CPU µs/request", "cores", "instances", "nodes/instance"),
+    )
+    parts: list[Any] = [routes, sizing]
+    for mode, why in (document.get("skipped_modes") or {}).items():
+        parts.append(f"mode {mode} skipped: {why}")
+    return Group(*parts)

@@ -133,3 +133,35 @@ def test_scale_refuses_bad_settings(tmp_path: Path, args: list[str], message: st
     result = runner.invoke(app, ["bench", "metadata", "--dir", str(tmp_path), *args])
     assert result.exit_code == 2
     assert message in " ".join(result.stderr.split())
+
+
+def test_fleet_routes_and_sizing(tmp_path: Path) -> None:
+    args = ["bench", "metadata", "--fleet", "2", "--gpus-per-node", "4", "--requests-per-gpu"]
+    args += ["2.5", "--prompt-tokens", "500", "--block-size", "16", "--hit-ratio", "0.25"]
+    args += ["--mode", "serve", "--entries", "3000", "--clients", "1", "--seconds", "0.3"]
+    result = runner.invoke(app, [*args, "--dir", str(tmp_path), "--json"])
+    assert result.exit_code == 0, f"{result.stdout}\n{result.stderr}\n{result.exception!r}"
+    document = json.loads(result.stdout)
+    assert document["benchmark"] == "metadata-fleet"
+    model = document["model"]
+    assert (model["blocks"], model["hit"], model["miss"]) == (32, 8, 24)  # ceil(500/16)
+    assert model["requests_per_s"] == pytest.approx(2 * 4 * 2.5)
+    routes = {r["route"]: r for r in document["routes"]}
+    assert {k: (r["calls_per_s"], r["keys_per_call"]) for k, r in routes.items()} == {
+        "lookup": (20.0, 32),
+        "locate": (20.0, 8),
+        "allocate": (20.0, 24),
+        "commit": (20.0, 24),
+    }
+    (measured,) = document["measured"]
+    assert measured["mode"] == "serve" and measured["entries"] == 3000
+    assert measured["lookup"]["keys_per_call"] == 32 and measured["locate"]["keys_per_call"] == 8
+    assert measured["save"]["keys_per_call"] == 24
+    assert measured["save"]["evicted_keys"] >= measured["save"]["committed_keys"] > 0
+    (sizing,) = document["sizing"]
+    assert set(sizing["cpu_us"]) == {"lookup", "locate", "save"}
+    if sizing["cpu_us_per_request"] is not None:
+        assert sizing["cpu_us_per_request"] == pytest.approx(sum(sizing["cpu_us"].values()))
+        assert sizing["cores"] == pytest.approx(20.0 * sizing["cpu_us_per_request"] / 1e6)
+        assert sizing["instances"] >= 1
+    assert "serve replicas" in sizing["instance"]

@@ -46,12 +46,14 @@ Rooms: `settings` (operations, modes, `MetadataSettings`), `stores` (keys, manif
 filling and copying stores), `children` (forked set-up children), `processes` (`hf3fsctl
 serve` servers, RSS), `cells` (one timed cell), `figures` (ratios, memory, the full-store
 comparison), `run` (the document), `scale` (`--entries N[,N…]`: every backend's store
-full at each N, its own document, keys documented there). The peers it measures beside its own store are in
+full at each N, its own document, keys documented there), `fleet` (`--fleet NODES`:
+a fleet's calls per route, priced by the scale study's cells, sized). The peers it measures beside its own store are in
 `hf3fsctl.bench.peers`; the tables and the plot are the CLI's (`hf3fsctl.cli.bench_metadata`).
 """
 
 from hf3fsctl.bench.loopback import check_loopback_url
 from hf3fsctl.bench.metadata.cells import cutoff_s, measure
+from hf3fsctl.bench.metadata.fleet import FLEET_MODES, FleetSettings, run_fleet
 from hf3fsctl.bench.metadata.processes import rss_bytes
 from hf3fsctl.bench.metadata.run import run
 from hf3fsctl.bench.metadata.scale import SCALE_MODES, ScaleSettings, run_scale
@@ -73,6 +75,7 @@ from hf3fsctl.bench.metadata.stores import (
 )
 
 __all__ = [
+    "FLEET_MODES",
     "FULL_GOAL",
     "FULL_OPS",
     "MODES",
@@ -80,6 +83,7 @@ __all__ = [
     "OP_LABELS",
     "PAGE_BYTES",
     "SCALE_MODES",
+    "FleetSettings",
     "MetadataSettings",
     "ScaleSettings",
     "StoreSpec",
@@ -92,5 +96,6 @@ __all__ = [
     "measure",
     "rss_bytes",
     "run",
+    "run_fleet",
     "run_scale",
 ]

@@ -30,10 +30,22 @@ from hf3fsctl.bench.metadata.settings import (
 
 
 def _operation(
-    client: MetadataClient, spec: StoreSpec, op: str, worker: int, tag: str
+    client: MetadataClient,
+    spec: StoreSpec,
+    op: str,
+    worker: int,
+    tag: str,
+    keys_per_call: int | None = None,
 ) -> tuple[Callable[[], tuple[int, int]], Callable[[], None]]:
-    """(one call of `op` → (keys that found no space, keys committed), its warm-up)."""
+    """(one call of `op` → (keys that found no space, keys committed), its warm-up).
+
+    `keys_per_call` replaces the chain length of `lookup_spread` and the batch of
+    `locate`, `alloc_commit` and the full-store saves (None: 1,000 and 64).
+    """
     from hf3fsctl.meta.models import CommitItem
+
+    chain_keys = keys_per_call or LOOKUP_KEYS
+    batch = keys_per_call or BATCH
 
     first_ns = spec.namespaces[0]
     head = [key(spec.stored_tag, 0)]
@@ -63,12 +75,12 @@ def _operation(
 
         return lookup, warm
     if op == "lookup_spread":  # a chain starting anywhere in the store (every page is hit)
-        span = spec.entries - LOOKUP_KEYS
+        spread = spec.entries - chain_keys
 
         def chain_now() -> list[str]:
-            first = (worker * 7919 + counter[0] * 104_729) % span
+            first = (worker * 7919 + counter[0] * 104_729) % spread
             counter[0] += 1
-            return [key(spec.stored_tag, first + i) for i in range(LOOKUP_KEYS)]
+            return [key(spec.stored_tag, first + i) for i in range(chain_keys)]
 
         def lookup_spread() -> tuple[int, int]:
             client.lookup(first_ns, chain_now())
@@ -76,17 +88,17 @@ def _operation(
 
         def warm_spread() -> None:
             hits = client.lookup(first_ns, chain_now())
-            if hits != LOOKUP_KEYS:
-                raise MetadataUnavailable(f"lookup found {hits} of {LOOKUP_KEYS} stored keys")
+            if hits != chain_keys:
+                raise MetadataUnavailable(f"lookup found {hits} of {chain_keys} stored keys")
 
         return lookup_spread, warm_spread
     if op == "locate":
-        span = spec.entries - BATCH
+        span = spec.entries - batch
 
         def keys_now() -> list[str]:
-            first = (worker * 7919 + counter[0] * BATCH) % span
+            first = (worker * 7919 + counter[0] * batch) % span
             counter[0] += 1
-            return [key(spec.stored_tag, first + i) for i in range(BATCH)]
+            return [key(spec.stored_tag, first + i) for i in range(batch)]
 
         def locate() -> tuple[int, int]:
             client.locate(first_ns, 0, keys_now())
@@ -103,7 +115,7 @@ def _operation(
         n = counter[0]
         counter[0] += 1
         ns = spec.namespaces[(worker + n) % len(spec.namespaces)]
-        keys = [key(f"{tag}-{op}-{worker}", n * BATCH + i) for i in range(BATCH)]
+        keys = [key(f"{tag}-{op}-{worker}", n * batch + i) for i in range(batch)]
         result = client.allocate(ns, 0, keys)
         committed = client.commit(
             ns,
@@ -127,6 +139,7 @@ def _client_main(
     barrier: Any,
     queue: Any,
     in_flight: Any,
+    keys_per_call: int | None = None,
 ) -> None:
     """One client process: connect, warm up, wait for the others, run `op` for `seconds`.
 
@@ -135,7 +148,7 @@ def _client_main(
     """
     try:
         client = spec.client(worker=worker)
-        call, warm = _operation(client, spec, op, worker, tag)
+        call, warm = _operation(client, spec, op, worker, tag, keys_per_call)
         warm()
     except BaseException as exc:
         queue.put(("error", worker, f"{type(exc).__name__}: {exc}"))
@@ -200,6 +213,7 @@ def measure(
     seconds: float,
     tag: str,
     server_cpu: Callable[[], float] | None = None,
+    keys_per_call: int | None = None,
 ) -> dict[str, Any]:
     """One (operation, client count) cell: ops/s, latency percentiles and CPU per call.
 
@@ -222,7 +236,17 @@ def measure(
     processes = [
         ctx.Process(
             target=_client_main,
-            args=(spec, op, worker, seconds, f"{tag}-x{clients}", barrier, queue, in_flight),
+            args=(
+                spec,
+                op,
+                worker,
+                seconds,
+                f"{tag}-x{clients}",
+                barrier,
+                queue,
+                in_flight,
+                keys_per_call,
+            ),
             daemon=True,
         )
         for worker in range(clients)
@@ -292,7 +316,9 @@ def measure(
     truncated = len(ends) < clients
     window = (cut if truncated else max(ends.values())) - min(starts.values())
     succeeded = len(latencies) - failed
-    keys = {"ping": 1, "lookup": LOOKUP_KEYS, "lookup_spread": LOOKUP_KEYS}.get(op, BATCH)
+    keys = keys_per_call or {"ping": 1, "lookup": LOOKUP_KEYS, "lookup_spread": LOOKUP_KEYS}.get(
+        op, BATCH
+    )
     ops = succeeded / window if window > 0 else None
     return {
         "op": op,

@@ -76,6 +76,10 @@ from hf3fsctl.errors import InvalidRequest, MetadataUnavailable
 SCALE_MODES = ("embedded", "serve", "redis", "in-tree")
 
 
+# (name, operation, keys per call) of each cell, in order: see the module docstring.
+SCALE_CELLS = (("lookup", "lookup_spread", LOOKUP_KEYS), ("save", "full_1ns", BATCH))
+
+
 IN_TREE_SPARE_PAGES = 1 << 16  # pages beyond the filled ones, for its save cell
 
 
@@ -91,6 +95,8 @@ class ScaleSettings:
         workers: server processes of each `serve`.
         directory: where the work directory is made.
         keep: leave the work directory behind.
+        cells: (name, operation, keys per call) of the cells at each N (`--fleet`
+            measures its routes with its own).
     """
 
     entries: tuple[int, ...] = (100_000, 1_000_000)
@@ -100,6 +106,7 @@ class ScaleSettings:
     workers: int = 1
     directory: Path | None = None
     keep: bool = False
+    cells: tuple[tuple[str, str, int], ...] = SCALE_CELLS
 
     @classmethod
     def quick(cls, **overrides: Any) -> ScaleSettings:
@@ -285,31 +292,37 @@ def _cells(
     tag: str,
     say: report.Progress,
     server_cpu: Any = None,
-    save_op: str = "full_1ns",
     keys_after: Any = None,
 ) -> dict[str, Any]:
-    """The lookup cell, then the save cell (the lookups first: saves evict the oldest)."""
-    lookup = measure(spec, "lookup_spread", settings.clients, settings.seconds, tag, server_cpu)
-    save = measure(spec, save_op, settings.clients, settings.seconds, tag, server_cpu)
-    if keys_after is not None:
-        save.update(eviction_figures(save, entries, keys_after()))
+    """`settings.cells` in order (the lookups first: saves evict the oldest keys)."""
     own = server_cpu is not None
-    figures = {
+    figures: dict[str, Any] = {
         "mode": mode,
         "entries": entries,
-        "lookup": lookup,
-        "save": save,
-        "lookups_per_s": lookup["ops"],
-        "saved_keys_per_s": save["committed_keys_per_s"],
         "cpu_of": "server process" if own else "client processes (the store runs there)",
-        "cpu_us_per_lookup": lookup["server_cpu_us_per_call" if own else "client_cpu_us_per_call"],
-        "cpu_us_per_save": save["server_cpu_us_per_call" if own else "client_cpu_us_per_call"],
     }
-    say(
-        f"  {mode:<9} N {entries:>11,}  lookups {report.fmt(lookup['ops'], 1)}/s "
-        f"({report.fmt(figures['cpu_us_per_lookup'], 0)} µs CPU)  saved "
-        f"{report.fmt(save['committed_keys_per_s'], 0)} keys/s "
-        f"({report.fmt(figures['cpu_us_per_save'], 0)} µs CPU per allocate+commit)"
+    for name, op, keys in settings.cells:
+        if mode == "in-tree" and op == "full_1ns":
+            op = "alloc_commit"  # it has no capacity: it never evicts
+        cell = measure(spec, op, settings.clients, settings.seconds, tag, server_cpu, keys)
+        if name == "save" and keys_after is not None:
+            cell.update(eviction_figures(cell, entries, keys_after()))
+        figures[name] = cell
+        figures[f"cpu_us_per_{name}"] = cell[
+            "server_cpu_us_per_call" if own else "client_cpu_us_per_call"
+        ]
+        say(
+            f"  {mode:<9} N {entries:>11,}  {name:<7} {report.fmt(cell['ops'], 1)} calls/s "
+            f"of {keys:,} keys, {report.fmt(figures[f'cpu_us_per_{name}'], 0)} µs CPU/call"
+            + (
+                f", {report.fmt(cell['committed_keys_per_s'], 0)} keys saved/s"
+                if name == "save"
+                else ""
+            )
+        )
+    figures["lookups_per_s"] = figures["lookup"]["ops"] if "lookup" in figures else None
+    figures["saved_keys_per_s"] = (
+        figures["save"]["committed_keys_per_s"] if "save" in figures else None
     )
     return figures
 
@@ -415,9 +428,8 @@ def _redis(
         "redis", spec, entries, settings, stored, say, server_cpu=server_cpu,
         keys_after=lambda: store_keys(spec),
     )  # fmt: skip
-    for cell, (began, ended) in zip(
-        ("lookup", "save"), (accounted[0:2], accounted[2:4]), strict=True
-    ):
+    for number, (cell, _, _) in enumerate(settings.cells):
+        began, ended = accounted[2 * number : 2 * number + 2]
         calls = figures[cell]["calls"]
         figures[cell]["redis_scripts_per_call"] = (ended[0] - began[0]) / calls if calls else None
         figures[cell]["redis_script_usec_per_call"] = (
@@ -461,7 +473,7 @@ def _in_tree(
         after = rss_bytes(pid)
         figures = _cells(
             "in-tree", spec, entries, settings, tag, say,
-            server_cpu=lambda: cpu_seconds(pid), save_op="alloc_commit",
+            server_cpu=lambda: cpu_seconds(pid),
         )  # fmt: skip
     figures["fill"] = {"seconds": fill_s, "entries_per_s": entries / fill_s if fill_s else None}
     figures["memory"] = {
@@ -484,8 +496,13 @@ def _add_in_tree_ratios(results: list[dict[str, Any]]) -> None:
         row["in_tree"] = {
             "lookups": report.ratio(row["lookups_per_s"], bar["lookups_per_s"]),
             "saved_keys": report.ratio(row["saved_keys_per_s"], bar["saved_keys_per_s"]),
-            "cpu_lookup": report.ratio(bar["cpu_us_per_lookup"], row["cpu_us_per_lookup"]),
-            "cpu_save": report.ratio(bar["cpu_us_per_save"], row["cpu_us_per_save"]),
+            **{
+                f"cpu_{name}": report.ratio(
+                    bar.get(f"cpu_us_per_{name}"), row.get(f"cpu_us_per_{name}")
+                )
+                for name in ("lookup", "locate", "save")
+                if f"cpu_us_per_{name}" in row
+            },
         }
 
 
