@@ -310,12 +310,15 @@ class SentinelCluster:
 
 @dataclass
 class RedisClusterServers:
-    """A local Redis Cluster: `masters` `redis-server --cluster-enabled yes` processes on
-    free ports, joined by `redis-cli --cluster create … --cluster-replicas 0` (the 16,384
-    slots split evenly), ready once `CLUSTER INFO` says `cluster_state:ok` on every node."""
+    """A local Redis Cluster: `masters` × (1 + `replicas`) `redis-server --cluster-enabled
+    yes` processes on free ports, joined by `redis-cli --cluster create …
+    --cluster-replicas N` (the 16,384 slots split evenly over the masters), ready once
+    `CLUSTER INFO` says `cluster_state:ok` on every node. A replica is promoted about two
+    seconds (`cluster-node-timeout`) after its master dies."""
 
     directory: Path
     masters: int = 3
+    replicas: int = 0
     servers: list[RedisServer] = field(default_factory=list)
 
     @property
@@ -324,8 +327,9 @@ class RedisClusterServers:
         return "redis+cluster://" + ",".join(f"{HOST}:{s.port}" for s in self.servers)
 
     def start(self, timeout_s: float = START_TIMEOUT_S) -> RedisClusterServers:
-        ports = free_ports(2 * self.masters)  # each node's client port and cluster bus port
-        for i, port in enumerate(ports[: self.masters]):
+        nodes = self.masters * (1 + self.replicas)
+        ports = free_ports(2 * nodes)  # each node's client port and cluster bus port
+        for i, port in enumerate(ports[:nodes]):
             self.servers.append(
                 RedisServer(
                     self.directory / f"node{i}",
@@ -333,7 +337,7 @@ class RedisClusterServers:
                     settings=[
                         "cluster-enabled yes",
                         f"cluster-config-file {self.directory / f'node{i}' / 'nodes.conf'}",
-                        f"cluster-port {ports[self.masters + i]}",
+                        f"cluster-port {ports[nodes + i]}",
                         "cluster-node-timeout 2000",
                     ],
                 ).start(timeout_s)
@@ -341,7 +345,7 @@ class RedisClusterServers:
         subprocess.run(
             ["redis-cli", "--cluster", "create"]
             + [f"{HOST}:{s.port}" for s in self.servers]
-            + ["--cluster-replicas", "0", "--cluster-yes"],
+            + ["--cluster-replicas", str(self.replicas), "--cluster-yes"],
             check=True,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.STDOUT,
@@ -364,9 +368,24 @@ class RedisClusterServers:
             conn.close()
 
     def flush(self) -> None:
-        """Empty every master (between tests sharing the cluster)."""
+        """Empty every master (between tests sharing the cluster; without replicas)."""
         for server in self.servers:
             flush(server)
+
+    def owner(self, key: str) -> RedisServer:
+        """The node that serves `key`'s slot as master, as a live node's `CLUSTER SLOTS`
+        says now."""
+        live = next(server for server in self.servers if server.alive())
+        conn = live.client()
+        try:
+            slot = int(conn.execute_command("CLUSTER", "KEYSLOT", key))
+            ranges = conn.execute_command("CLUSTER", "SLOTS")
+        finally:
+            conn.close()
+        for start, end, master, *_ in ranges:
+            if int(start) <= slot <= int(end):
+                return next(s for s in self.servers if s.port == int(master[1]))
+        raise RuntimeError(f"no master serves slot {slot} of {key!r}")
 
     def stop(self) -> None:
         for server in self.servers:
