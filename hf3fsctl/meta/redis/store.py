@@ -199,6 +199,13 @@ class RedisMetadataStore(StoreCore):
     def _read(self, fn: Callable[[], T]) -> T:
         return call(fn, self.url, idempotent=True)
 
+    def _owner(self) -> dict[str, Any]:
+        """On a cluster, where a server command (`INFO`, `CONFIG GET`) must go: the master
+        of the store's slot (redis-py sends one to a random node otherwise)."""
+        if not self._cluster:
+            return {}
+        return {"target_nodes": self._redis.get_node_from_key(self.prefix)}
+
     def _key(self, *parts: object) -> str:
         return self.prefix + ":".join(str(p) for p in parts)
 
@@ -301,7 +308,9 @@ class RedisMetadataStore(StoreCore):
 
         def read() -> Any:
             try:
-                return self._redis.config_get("maxmemory-policy").get("maxmemory-policy")
+                return self._redis.config_get("maxmemory-policy", **self._owner()).get(
+                    "maxmemory-policy"
+                )
             except rex.ResponseError:  # CONFIG refused or renamed (NOPERM, unknown command)
                 return None
 
@@ -662,8 +671,8 @@ class RedisMetadataStore(StoreCore):
         """What `doctor` reports of the Redis this store talks to: its role (`master` or
         `slave`), how many replicas are connected, the link to its master (a replica),
         the Redis version, the store's format and `maxmemory-policy`."""
-        info = self._read(lambda: self._redis.info("replication"))
-        server = self._read(lambda: self._redis.info("server"))
+        info = self._read(lambda: self._redis.info("replication", **self._owner()))
+        server = self._read(lambda: self._redis.info("server", **self._owner()))
         stored = self._read(lambda: self._redis.hget(self._key("info"), "format"))
         return {
             "role": str(info.get("role", "?")),
