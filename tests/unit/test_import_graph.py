@@ -363,7 +363,53 @@ MAY_IMPORT: dict[str, frozenset[str]] = {
 # own rules, kept by its owner (docs/design.md, the metadata section). A key is a module or
 # package under `hf3fsctl.meta` (e.g. "hf3fsctl.meta.sqlite"), its value the other keys it
 # may import, and "hf3fsctl.meta" for the modules in no key (those are unconstrained).
-META_MAY_IMPORT: dict[str, frozenset[str]] = {}
+# Inside meta/ (docs/design.md "Metadata"): the vocabulary (models, protocol, policy,
+# giveback) imports no store, client or server; the one store core (base) no backend;
+# the backends (sqlite/, redis/) never each other, http/, server/ or the client factory;
+# http/ only the vocabulary; server/ reaches stores only through protocol + the factory.
+# `client` (the factory, the one place that may import every backend) and the package
+# itself are the catch-all room.
+META_MAY_IMPORT: dict[str, frozenset[str]] = {
+    "hf3fsctl.meta.models": frozenset(),
+    "hf3fsctl.meta.protocol": frozenset({"hf3fsctl.meta.models"}),
+    "hf3fsctl.meta.policy": frozenset(),
+    "hf3fsctl.meta.giveback": frozenset(),
+    "hf3fsctl.meta.base": frozenset(
+        {
+            "hf3fsctl.meta.protocol",
+            "hf3fsctl.meta.models",
+            "hf3fsctl.meta.policy",
+            "hf3fsctl.meta.giveback",
+        }
+    ),
+    "hf3fsctl.meta.sqlite": frozenset(
+        {
+            "hf3fsctl.meta.base",
+            "hf3fsctl.meta.giveback",
+            "hf3fsctl.meta.models",
+            "hf3fsctl.meta.policy",
+            "hf3fsctl.meta.protocol",
+        }
+    ),
+    "hf3fsctl.meta.redis": frozenset(
+        {
+            "hf3fsctl.meta.base",
+            "hf3fsctl.meta.giveback",
+            "hf3fsctl.meta.models",
+            "hf3fsctl.meta.policy",
+            "hf3fsctl.meta.protocol",
+        }
+    ),
+    "hf3fsctl.meta.http": frozenset({"hf3fsctl.meta.models", "hf3fsctl.meta.protocol"}),
+    "hf3fsctl.meta.server": frozenset(
+        {
+            "hf3fsctl.meta.protocol",
+            "hf3fsctl.meta.models",
+            "hf3fsctl.meta.policy",
+            "hf3fsctl.meta",  # the client factory (run.py opens the store)
+        }
+    ),
+}
 
 
 def room_of(name: str, rooms: dict[str, str] = ROOMS) -> str:
