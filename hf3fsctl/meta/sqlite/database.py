@@ -262,12 +262,15 @@ class SqliteDatabase:
                 if version is not None and version != schema.SCHEMA_VERSION:
                     raise migration.format_error(self.path, version)
                 try:
+                    fill_lru = not schema.has_key_lru(conn)
                     conn.executescript(
                         "BEGIN IMMEDIATE;"
                         + schema.DDL
                         + "INSERT OR IGNORE INTO store_info VALUES ('schema_version', "
                         + f"'{schema.SCHEMA_VERSION}');"
                     )
+                    if fill_lru:  # a store written before key_lru: its keys' ages, once
+                        conn.execute(schema.KEY_LRU_FILL)
                     for statement in schema.LATE_INDEXES:
                         conn.execute(statement)
                     conn.execute("COMMIT")

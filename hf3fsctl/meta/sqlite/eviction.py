@@ -29,6 +29,8 @@ Every function takes an open connection inside `BEGIN IMMEDIATE` and never commi
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import sqlite3
 from collections import defaultdict
 from collections.abc import Callable, Sequence
@@ -122,6 +124,24 @@ def reclaim_expired(conn: sqlite3.Connection, namespace: str, rank: int, now: fl
     return len(rows)
 
 
+# A key of `key_lru l` may go: no entry pending, none leased, no live pin. Checked per
+# key while the age index is walked (the key's entries through `entries_by_key`).
+_EVICTABLE = (
+    "NOT EXISTS (SELECT 1 FROM entries e INDEXED BY entries_by_key"
+    " WHERE e.namespace = l.namespace AND e.key = l.key"
+    " AND (e.state = 0 OR e.lease_until > :now))"
+    " AND NOT EXISTS (SELECT 1 FROM pins p WHERE p.namespace = l.namespace AND p.key = l.key"
+    " AND (p.expires = 0 OR p.expires > :now))"
+)
+# The oldest evictable keys of one namespace: `key_lru_by_age` walked in order, stopping
+# after :limit (no sort, no scan of the rest).
+VICTIMS_OF_NAMESPACE = (
+    "SELECT l.last_access, -l.depth, l.namespace, l.key FROM key_lru l INDEXED BY key_lru_by_age"
+    f" WHERE l.namespace = :ns AND {_EVICTABLE}"
+    " ORDER BY l.last_access ASC, l.depth DESC LIMIT :limit"
+)
+
+
 def choose_victims(
     conn: sqlite3.Connection, now: float, scope: Sequence[str] | None, limit: int
 ) -> list[tuple[str, str]]:
@@ -129,22 +149,24 @@ def choose_victims(
     the `limit` least-recently-used evictable keys of `scope` (None: every namespace).
 
     Evictable: committed on every rank it has, none pending, no read lease, not pinned.
-    Ordered by last access, then chain tails (greatest depth) first. The Redis twin is
-    `choose_victims` in `redis/lua/eviction.lua` (docs/design.md, "Eviction").
+    Ordered by last access, then chain tails (greatest depth) first. Each namespace's
+    keys come from its `key_lru_by_age` walk (O(limit log n)); several namespaces are
+    merged lazily, so each is read only as far as its keys are among the oldest. The
+    Redis twin is `choose_victims` in `redis/lua/eviction.lua` (docs/design.md,
+    "Eviction").
     """
-    where = NOT_PINNED
-    args: dict[str, object] = {"now": now, "limit": limit}
-    if scope is not None:
-        names = {f"ns{i}": ns for i, ns in enumerate(scope)}
-        where += f" AND e.namespace IN ({','.join(':' + n for n in names)})"
-        args.update(names)
-    return conn.execute(
-        f"SELECT e.namespace, e.key FROM entries e WHERE {where}"
-        " GROUP BY e.namespace, e.key"
-        " HAVING SUM(e.state = 0) = 0 AND MAX(e.lease_until) <= :now"
-        " ORDER BY MAX(e.last_access) ASC, MAX(e.depth) DESC LIMIT :limit",
-        args,
-    ).fetchall()
+    if scope is None:
+        names = [ns for (ns,) in conn.execute("SELECT id FROM namespaces ORDER BY id")]
+    else:
+        names = sorted(set(scope))
+    walks = [
+        conn.execute(VICTIMS_OF_NAMESPACE, {"ns": ns, "now": now, "limit": limit}) for ns in names
+    ]
+    oldest = heapq.merge(*walks) if len(walks) != 1 else walks[0]
+    victims = [(ns, key) for _, _, ns, key in itertools.islice(oldest, limit)]
+    for walk in walks:
+        walk.close()  # the walks not read to their end
+    return victims
 
 
 def evict_lru(
@@ -182,17 +204,27 @@ def evict_lru(
     return evicted
 
 
+# The oldest keys of a namespace committed on :rank and not leased there, not pinned.
+FILE_VICTIMS = (
+    "SELECT l.key FROM key_lru l INDEXED BY key_lru_by_age WHERE l.namespace = :ns"
+    " AND EXISTS (SELECT 1 FROM entries e INDEXED BY entries_by_key"
+    " WHERE e.namespace = l.namespace AND e.key = l.key AND e.rank = :rank"
+    " AND e.state = 1 AND e.lease_until <= :now)"
+    " AND NOT EXISTS (SELECT 1 FROM pins p WHERE p.namespace = l.namespace"
+    " AND p.key = l.key AND (p.expires = 0 OR p.expires > :now))"
+    " ORDER BY l.last_access ASC, l.depth DESC LIMIT :limit OFFSET :offset"
+)
+
+
 def choose_file_victims(
     conn: sqlite3.Connection, namespace: str, rank: int, now: float, limit: int, offset: int
 ) -> list[tuple[str]]:
-    """The eviction decision of a full fixed-size file: its least-recently-used committed
-    keys on `rank` (chain tails first), not leased, not pinned; the caller skips keys
-    pending or leased on another rank. Redis: `evict_lru` with `need_rank`
-    (`redis/lua/eviction.lua`)."""
+    """The eviction decision of a full fixed-size file: the least-recently-used keys of
+    the namespace (chain tails first, `key_lru_by_age` walked in order) committed on
+    `rank`, not leased there, not pinned; the caller skips keys pending or leased on
+    another rank. Redis: `evict_lru` with `need_rank` (`redis/lua/eviction.lua`)."""
     return conn.execute(
-        "SELECT key FROM entries e WHERE namespace = :ns AND rank = :rank AND state = 1"
-        f" AND lease_until <= :now AND {NOT_PINNED}"
-        " ORDER BY last_access ASC, depth DESC LIMIT :limit OFFSET :offset",
+        FILE_VICTIMS,
         {"ns": namespace, "rank": rank, "now": now, "limit": limit, "offset": offset},
     ).fetchall()
 

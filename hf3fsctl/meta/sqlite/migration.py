@@ -142,7 +142,10 @@ def _migrate(conn: sqlite3.Connection, path: str) -> int:
         for table in ("namespaces", "rank_files", "free_pages")
     }
     try:
+        fill_lru = not schema.has_key_lru(conn)
         conn.executescript("BEGIN IMMEDIATE;" + schema.DDL)  # tables and indexes added since
+        if fill_lru:
+            conn.execute(schema.KEY_LRU_FILL)
         sql = schema.migration_sql(version, columns)
         for statement in filter(None, (part.strip() for part in sql.split(";"))):
             conn.execute(statement)

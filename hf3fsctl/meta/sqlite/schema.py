@@ -24,6 +24,8 @@ Tables:
 - `pins`: (namespace, key) kept out of LRU eviction until `expires` (0 = no TTL).
 - `evictions`: keys and bytes evicted per namespace and reason (capacity, quota,
   file_full, admin, corrupt), cumulative, for `stats` and Prometheus.
+- `key_lru`: one row per (namespace, key) with entries: its latest last access and
+  greatest depth, indexed by (namespace, last_access, depth DESC) for eviction.
 - `changes`: an append-only log, written by triggers, of every (namespace, key) that
   gained (+1) or lost (-1) a committed rank. Each process's `CommittedIndex` replays it
   to keep an in-memory copy of the committed set for `lookup`; old rows are pruned.
@@ -32,8 +34,9 @@ Entries are clustered by (namespace, rank, page), not by key: the pages of one p
 chain are allocated together, so a `locate` or `commit` of a chain rewrites a couple of
 adjacent B-tree leaves instead of one random leaf per key (random block hashes). Keys
 are found through the `entries_by_key` index, which those updates never touch. There is
-deliberately no index on `last_access` either: every `locate` would rewrite it.
-Eviction sorts a rank's entries when it runs (once per high→low watermark swing).
+no index on `entries.last_access`: every `locate` of every rank would rewrite it. The
+LRU order is kept per key instead (`key_lru`, below: one row per key, written by
+triggers), which eviction walks from the oldest key with a LIMIT.
 
 `INVARIANT_QUERIES` are the checks `MetadataStore.check_invariants` runs: each query
 returns one row per violation, rendered with its message template.
@@ -152,6 +155,77 @@ BEGIN
 END;
 """
 
+# The LRU order of keys (`key_lru`), kept by triggers so that every writer of the store,
+# of this version or an older one, keeps it: one row per (namespace, key) that has
+# entries, with the latest `last_access` and the greatest `depth` of its entries (an
+# access time only moves forward: a clock stepping back leaves the later one).
+# Eviction walks `key_lru_by_age` from the oldest key and stops after the victims it
+# needs: O(k log n). Created, and filled from `entries`, by any writable open of a store
+# that lacks it (no format step: older processes keep writing the store, and the
+# triggers keep the table right under them).
+KEY_LRU_TABLE = "key_lru"
+KEY_LRU_DDL = """
+CREATE TABLE IF NOT EXISTS key_lru (
+    namespace TEXT NOT NULL,
+    key TEXT NOT NULL,
+    last_access REAL NOT NULL,
+    depth INTEGER NOT NULL,
+    PRIMARY KEY (namespace, key)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS key_lru_by_age ON key_lru (namespace, last_access, depth DESC);
+CREATE TRIGGER IF NOT EXISTS key_lru_on_insert AFTER INSERT ON entries
+BEGIN
+    INSERT INTO key_lru (namespace, key, last_access, depth)
+    VALUES (new.namespace, new.key, new.last_access, new.depth)
+    ON CONFLICT (namespace, key) DO UPDATE
+    SET last_access = MAX(last_access, excluded.last_access), depth = MAX(depth, excluded.depth)
+    WHERE excluded.last_access > last_access OR excluded.depth > depth;
+END;
+CREATE TRIGGER IF NOT EXISTS key_lru_on_touch AFTER UPDATE OF last_access, depth ON entries
+WHEN new.last_access > old.last_access OR new.depth > old.depth
+BEGIN
+    UPDATE key_lru
+    SET last_access = MAX(last_access, new.last_access), depth = MAX(depth, new.depth)
+    WHERE namespace = new.namespace AND key = new.key
+      AND (last_access < new.last_access OR depth < new.depth);
+END;
+CREATE TRIGGER IF NOT EXISTS key_lru_on_shallower AFTER UPDATE OF depth ON entries
+WHEN new.depth < old.depth
+BEGIN
+    UPDATE key_lru SET depth = (
+        SELECT MAX(e.depth) FROM entries e
+        WHERE e.namespace = new.namespace AND e.key = new.key)
+    WHERE namespace = new.namespace AND key = new.key;
+END;
+CREATE TRIGGER IF NOT EXISTS key_lru_on_delete AFTER DELETE ON entries
+BEGIN
+    DELETE FROM key_lru WHERE namespace = old.namespace AND key = old.key
+      AND NOT EXISTS (SELECT 1 FROM entries e
+                      WHERE e.namespace = old.namespace AND e.key = old.key);
+    UPDATE key_lru SET
+        last_access = (SELECT MAX(e.last_access) FROM entries e
+                       WHERE e.namespace = old.namespace AND e.key = old.key),
+        depth = (SELECT MAX(e.depth) FROM entries e
+                 WHERE e.namespace = old.namespace AND e.key = old.key)
+    WHERE namespace = old.namespace AND key = old.key
+      AND (last_access <= old.last_access OR depth <= old.depth);
+END;
+"""
+KEY_LRU_FILL = (
+    "INSERT OR IGNORE INTO key_lru (namespace, key, last_access, depth)"
+    " SELECT namespace, key, MAX(last_access), MAX(depth) FROM entries GROUP BY namespace, key"
+)
+DDL += KEY_LRU_DDL
+
+
+def has_key_lru(conn: sqlite3.Connection) -> bool:
+    """Whether the store keeps `key_lru` already (before `DDL` runs: fill it if not)."""
+    row = conn.execute(
+        "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (KEY_LRU_TABLE,)
+    ).fetchone()
+    return row is not None
+
+
 # Indexes on columns a migration may have just added: created after `migration_sql`.
 LATE_INDEXES = [
     # The pages being given back (few at any time): found without scanning the free list.
@@ -233,6 +307,27 @@ def migration_sql(version: int, columns: dict[str, set[str]]) -> str:
 
 # (message template, query returning the template's fields, one row per violation)
 INVARIANT_QUERIES: list[tuple[str, str]] = [
+    (
+        "key {}/{} has entries but no row in key_lru (eviction would never see it)",
+        """SELECT DISTINCT e.namespace, e.key FROM entries e
+           WHERE NOT EXISTS (SELECT 1 FROM key_lru l
+                             WHERE l.namespace = e.namespace AND l.key = e.key)""",
+    ),
+    (
+        "key_lru row {}/{} has no entries",
+        """SELECT l.namespace, l.key FROM key_lru l
+           WHERE NOT EXISTS (SELECT 1 FROM entries e INDEXED BY entries_by_key
+                             WHERE e.namespace = l.namespace AND e.key = l.key)""",
+    ),
+    (
+        "key_lru row {}/{} is older ({}) than its latest entry access ({})",
+        """SELECT namespace, key, last_access, latest FROM (
+               SELECT l.namespace, l.key, l.last_access,
+                      (SELECT MAX(e.last_access) FROM entries e INDEXED BY entries_by_key
+                       WHERE e.namespace = l.namespace AND e.key = l.key) AS latest
+               FROM key_lru l)
+           WHERE last_access < latest""",
+    ),
     (
         "entry {}/{} rank {} has no registered rank file",
         """SELECT e.namespace, e.key, e.rank FROM entries e

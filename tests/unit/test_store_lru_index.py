@@ -1,0 +1,116 @@
+"""Eviction by index on SQLite (issue 21): the victims come from `key_lru_by_age` walked
+in order with a LIMIT — no sort of every entry — and they are the same keys the old
+full `GROUP BY … ORDER BY MAX(last_access), MAX(depth) DESC` query chose.
+
+`key_lru` is kept by triggers; these tests write `entries` the way every store version
+does (real SQL on a real store) and check the table against the entries it summarises.
+"""
+
+from __future__ import annotations
+
+import random
+import sqlite3
+import time
+from pathlib import Path
+
+from helpers.meta_builders import keys, register, store_keys
+
+from hf3fsctl.meta.sqlite import eviction, schema
+from hf3fsctl.meta.sqlite.store import MetadataStore
+
+# The choice before issue 21 (every entry grouped and sorted): the reference.
+_FULL_SORT = (
+    "SELECT e.namespace, e.key FROM entries e WHERE NOT EXISTS (SELECT 1 FROM pins p"
+    " WHERE p.namespace = e.namespace AND p.key = e.key AND (p.expires = 0 OR p.expires > :now))"
+    " GROUP BY e.namespace, e.key"
+    " HAVING SUM(e.state = 0) = 0 AND MAX(e.lease_until) <= :now"
+    " ORDER BY MAX(e.last_access) ASC, MAX(e.depth) DESC LIMIT :limit"
+)
+
+
+def _plan(conn: sqlite3.Connection, sql: str, args: dict[str, object]) -> str:
+    return "\n".join(str(row[-1]) for row in conn.execute("EXPLAIN QUERY PLAN " + sql, args))
+
+
+def test_victim_queries_walk_the_age_index_without_a_sort(tmp_path: Path) -> None:
+    store = MetadataStore(tmp_path / "m.db")
+    register(store)
+    store.close()
+    conn = sqlite3.connect(tmp_path / "m.db")
+    args = {"ns": "n", "now": 0.0, "limit": 4, "rank": 0, "offset": 0}
+    for sql in (eviction.VICTIMS_OF_NAMESPACE, eviction.FILE_VICTIMS):
+        plan = _plan(conn, sql, args)
+        assert "INDEX key_lru_by_age (namespace=?)" in plan, plan
+        assert "TEMP B-TREE" not in plan, plan
+        assert "SCAN e" not in plan and "SCAN entries" not in plan, plan
+    conn.close()
+
+
+def _random_store(tmp_path: Path, seed: int) -> tuple[Path, list[str], float]:
+    """Two namespaces (1 and 2 ranks) of committed, pending, leased, pinned, touched,
+    partly dropped keys, written through the store and then by plain SQL."""
+    rng = random.Random(seed)
+    store = MetadataStore(tmp_path / "m.db", lease_s=60.0)
+    names = [register(store, num_pages=400), register(store, num_pages=400, tp_size=2, model="b")]
+    for ranks, ns in zip((1, 2), names, strict=True):
+        store_keys(store, ns, keys(120, salt=ns), ranks=ranks)
+        store.allocate(ns, 0, keys(5, salt=ns + "-pending"))  # pending: never a victim
+        store.locate(ns, 0, keys(120, salt=ns)[40:45])  # leased now: skipped
+    store.pin(names[0], keys(120, salt=names[0])[:3])
+    store.close()
+    conn = sqlite3.connect(tmp_path / "m.db", isolation_level=None)
+    now = time.time()
+    conn.execute("BEGIN")
+    pages = conn.execute("SELECT namespace, rank, page FROM entries WHERE state = 1").fetchall()
+    for ns, rank, page in pages:  # later distinct times (locate), other depths (regrant)
+        conn.execute(
+            "UPDATE entries SET last_access = ?, depth = ? WHERE namespace = ? AND rank = ?"
+            " AND page = ?",
+            (now + rng.randrange(10_000) + rng.random(), rng.randrange(50), ns, rank, page),
+        )
+    for ns, rank, page in rng.sample(pages, 20):  # ranks dropped while the key stays
+        conn.execute(
+            "DELETE FROM entries WHERE namespace = ? AND rank = ? AND page = ?", (ns, rank, page)
+        )
+    conn.execute("COMMIT")
+    conn.close()
+    return tmp_path / "m.db", names, now
+
+
+def _lru_problems(conn: sqlite3.Connection) -> list[tuple[object, ...]]:
+    """Violations of the store's invariants about `key_lru` (the raw deletes above
+    leave rank files' counts behind on purpose; those are not what is checked)."""
+    return [
+        row
+        for _, query in schema.INVARIANT_QUERIES
+        if schema.KEY_LRU_TABLE in query
+        for row in conn.execute(query)
+    ]
+
+
+def test_index_walk_chooses_the_full_sorts_victims(tmp_path: Path) -> None:
+    db, names, now = _random_store(tmp_path, seed=21)
+    conn = sqlite3.connect(db)
+    assert _lru_problems(conn) == []
+    for limit in (1, 7, 60, 500):
+        expected = conn.execute(_FULL_SORT, {"now": now, "limit": limit}).fetchall()
+        assert eviction.choose_victims(conn, now, None, limit) == expected
+        scoped = [v for v in expected if v[0] == names[1]]
+        assert eviction.choose_victims(conn, now, [names[1]], len(scoped)) == scoped
+    conn.close()
+
+
+def test_a_store_written_before_key_lru_gets_it_filled_on_open(tmp_path: Path) -> None:
+    db, _, now = _random_store(tmp_path, seed=5)
+    conn = sqlite3.connect(db, isolation_level=None)
+    expected = conn.execute(_FULL_SORT, {"now": now, "limit": 1000}).fetchall()
+    conn.executescript(
+        "BEGIN; DROP TABLE key_lru; DROP TRIGGER key_lru_on_insert; DROP TRIGGER key_lru_on_touch;"
+        " DROP TRIGGER key_lru_on_shallower; DROP TRIGGER key_lru_on_delete; COMMIT;"
+    )
+    conn.close()
+    MetadataStore(db).close()  # a writable open of the older store
+    conn = sqlite3.connect(db)
+    assert _lru_problems(conn) == []
+    assert eviction.choose_victims(conn, now, None, 1000) == expected
+    conn.close()
