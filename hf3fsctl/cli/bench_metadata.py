@@ -330,7 +330,7 @@ def render(document: dict[str, Any]) -> RenderableType:
     machine = document["machine"]
     absent = in_tree_absence(document)
     columns = ["mode", "op", "clients", "ops/s", "p50 ms", "p99 ms", "p99.9 ms", "÷ ping"]
-    columns += ["in-tree", "÷ in-tree"]
+    columns += ["in-tree", "÷ in-tree", "CPU µs/call", "in-tree CPU ÷"]
     rows = []
     for r in document["rows"]:
         bar = r.get("in_tree") or {}
@@ -354,9 +354,13 @@ def render(document: dict[str, Any]) -> RenderableType:
                 report.fmt(r["ratio_to_ping"]),
                 in_tree,
                 f"{r['in_tree_ratio']:.1f}×" if r.get("in_tree_ratio") else "",
+                report.fmt(r.get("cpu_us_per_call"), 0)
+                + (" (clients)" if r.get("cpu_of") == "clients" else ""),
+                f"{r['in_tree_cpu_ratio']:.1f}×" if r.get("in_tree_cpu_ratio") else "",
             ]
         )
-    right = ("clients", "ops/s", "p50 ms", "p99 ms", "p99.9 ms", "÷ ping", "÷ in-tree")
+    right: tuple[str, ...] = ("clients", "ops/s", "p50 ms", "p99 ms", "p99.9 ms", "÷ ping")
+    right = (*right, "÷ in-tree", "CPU µs/call", "in-tree CPU ÷")
     cells = output.table(
         columns,
         rows,
@@ -366,8 +370,14 @@ def render(document: dict[str, Any]) -> RenderableType:
         right=right,
     )
     unmeasured = [r for r in document["rows"] if r["mode"] != IN_TREE and not r.get("in_tree")]
-    cells.caption = "in-tree, ÷ in-tree: vLLM's in-tree metadata server, measured in this run" + (
-        f"; empty: not measured in this run ({absent})" if unmeasured else ""
+    cells.caption = (
+        (
+            "CPU µs/call: the server processes' CPU time (user + system) per call "
+            "(embedded: the client processes', where the store runs); in-tree CPU ÷: the "
+            "in-tree server's CPU per call ÷ this row's; "
+        )
+        + "in-tree, ÷ in-tree: vLLM's in-tree metadata server, measured in this run"
+        + (f"; empty: not measured in this run ({absent})" if unmeasured else "")
     )
     cells.caption_justify = "left"
     parts: list[Any] = [cells]

@@ -165,6 +165,7 @@ def test_bench_metadata_embedded_every_op_json_and_plot(tmp_path: Path) -> None:
     for row in rows:
         assert row["mode"] == "embedded"
         _assert_latencies(row)
+        assert row["cpu_of"] == "clients" and row["server_cpu_us_per_call"] is None
         assert 0 < row["ratio_to_ping"] < 5
         if row["op"] == "ping":
             assert row["ratio_to_ping"] == pytest.approx(1.0)
@@ -227,6 +228,10 @@ def test_bench_metadata_against_the_server_it_starts(tmp_path: Path) -> None:
     assert {r["op"] for r in document["rows"]} == {"ping", "lookup", "alloc_commit", "full_8ns"}
     for row in document["rows"]:
         _assert_latencies(row)
+        assert row["cpu_of"] == "server"  # the serve process's CPU per call, from /proc
+        assert row["cpu_us_per_call"] == row["server_cpu_us_per_call"] >= 0
+    assert sum(r["server_cpu_us_per_call"] * r["calls"] for r in document["rows"]) > 0
+    assert "CPU µs/call" in _rendered(document)
     assert document["full_store"] == []  # 8 namespaces without 1: nothing to compare
 
 
@@ -258,6 +263,11 @@ def test_bench_metadata_measures_the_in_tree_server_and_redis_in_the_same_run(
             twin = rows[("in-tree", op)]
             assert row["in_tree_source"] == "this run"
             assert row["in_tree_ratio"] == pytest.approx(row["ops"] / twin["ops"])
+            if row["cpu_us_per_call"] and twin["server_cpu_us_per_call"] is not None:
+                assert row["in_tree_cpu_ratio"] == pytest.approx(
+                    twin["server_cpu_us_per_call"] / row["cpu_us_per_call"]
+                )
+        assert row["cpu_of"] == "server"  # each peer's server (serve-redis: replicas + Redis)
     in_tree_memory = document["modes"][0]["memory"]["bytes_per_entry"]
     for mode in document["modes"][1:]:  # memory, too, is compared within this run only
         assert mode["memory"]["in_tree_bytes_per_key"] == pytest.approx(in_tree_memory)

@@ -3,7 +3,10 @@
 Contract: a ratio is to a figure measured in the same run, or None — `÷ ping` to the
 same mode's ping cell, `÷ in-tree` to the in-tree server's cell of the same operation and
 client count (mode `in-tree`), memory to the in-tree server's bytes per key measured
-in this run. Nothing here is a stored reference figure.
+in this run. CPU: each row's `cpu_us_per_call` is the server's CPU per call (`cpu_of`
+"server") or, without a server (embedded), the client processes' (`cpu_of` "clients");
+`in_tree_cpu_ratio` = the in-tree server's CPU per call ÷ this row's. Nothing here is a
+stored reference figure.
 """
 
 from __future__ import annotations
@@ -77,11 +80,26 @@ def add_ratios(rows: list[dict[str, Any]]) -> None:
         for r in rows
         if r["mode"] == "in-tree" and r["ops"]
     }
+    in_tree_cpu = {
+        (r["op"], r["clients"]): r.get("server_cpu_us_per_call")
+        for r in rows
+        if r["mode"] == "in-tree"
+    }
     for row in rows:
         row["ratio_to_ping"] = report.ratio(row["ops"], ping.get((row["mode"], row["clients"])))
+        row["cpu_us_per_call"] = (
+            row.get("server_cpu_us_per_call")
+            if row.get("server_cpu_us_per_call") is not None
+            else row.get("client_cpu_us_per_call")
+        )
+        row["cpu_of"] = "server" if row.get("server_cpu_us_per_call") is not None else "clients"
         if row["mode"] == IN_TREE_MODE:
             row["in_tree"], row["in_tree_ratio"], row["in_tree_source"] = None, None, None
+            row["in_tree_cpu_ratio"] = None
             continue
+        row["in_tree_cpu_ratio"] = report.ratio(
+            in_tree_cpu.get((row["op"], row["clients"])), row["cpu_us_per_call"]
+        )
         bar = same_run.get((row["op"], row["clients"]))
         row["in_tree"] = bar
         row["in_tree_source"] = None if bar is None else "this run"

@@ -28,7 +28,13 @@ from hf3fsctl.bench.metadata.figures import (
     in_tree_bytes_per_key,
     memory_figures,
 )
-from hf3fsctl.bench.metadata.processes import Server, probe_embedded, rss_bytes, serving
+from hf3fsctl.bench.metadata.processes import (
+    Server,
+    cpu_seconds,
+    probe_embedded,
+    rss_bytes,
+    serving,
+)
 from hf3fsctl.bench.metadata.settings import (
     BATCH,
     FILL_CHUNK,
@@ -219,7 +225,7 @@ def _run_mode(
                 f"the hf3fsctl serve process tree ({settings.workers} worker"
                 f"{'s' if settings.workers > 1 else ''}), before/after its first lookup"
             )
-            rows += measure_cells(label, served, main_ops, settings, tag, say)
+            rows += measure_cells(label, served, main_ops, settings, tag, say, server.cpu)
             memory["rss_end_bytes"] = server.rss()
             url = server.url
     # Every full-store cell starts from its own copy of the same full store, so the
@@ -236,7 +242,7 @@ def _run_mode(
             else:
                 with serving(cell_dir, full_spec, full_db, settings.workers) as server:
                     row = measure_cell(
-                        label, server.store_spec(), name, clients, settings, tag, say
+                        label, server.store_spec(), name, clients, settings, tag, say, server.cpu
                     )
                     # A call cut off is still running in the server: kill it (its
                     # transaction rolls back) rather than wait for it.
@@ -293,7 +299,8 @@ def _run_peer(
             fill["seconds"] = fill_spec(spec, FILL_CHUNK)
             memory = memory_figures(settings.entries, before, rss_bytes(server.process.pid), None)
             memory["process"] = "vLLM's in-tree metadata server, before/after the fill"
-            rows = measure_cells(mode, spec, main_ops, settings, tag, say)
+            pid = server.process.pid
+            rows = measure_cells(mode, spec, main_ops, settings, tag, say, lambda: cpu_seconds(pid))
         url = server.url
     else:
         manifest = bench_manifest(f"hf3fsctl-bench/{run_id}/{mode}")
@@ -306,12 +313,15 @@ def _run_peer(
             fill["seconds"] = fill_spec(spec, FILL_CHUNK)
             memory = memory_figures(settings.entries, before, rss_bytes(redis.process.pid), None)
             memory["process"] = "redis-server, before/after the fill"
+            redis_pid = redis.process.pid
             if mode == "redis":
-                rows = measure_cells(mode, spec, main_ops, settings, tag, say)
+                rows = measure_cells(
+                    mode, spec, main_ops, settings, tag, say, lambda: cpu_seconds(redis_pid)
+                )
                 url = redis.url()
             else:
                 rows, url = _cells_on_replicas(
-                    mode, spec, redis.url(), directory, settings, main_ops, tag, say
+                    mode, spec, redis.url(), directory, settings, main_ops, tag, say, redis_pid
                 )
     fill["entries_per_s"] = settings.entries / fill["seconds"] if fill["seconds"] else None
     return {"mode": mode, "url": url, "memory": memory, "fill": fill, "note": note}, rows
@@ -326,8 +336,10 @@ def _cells_on_replicas(
     ops: list[str],
     tag: str,
     say: report.Progress,
+    redis_pid: int,
 ) -> tuple[list[dict[str, Any]], str]:
-    """The cells through two `serve` replicas of one Redis store (one shared token)."""
+    """The cells through two `serve` replicas of one Redis store (one shared token);
+    the server CPU is both replicas' and Redis's."""
     first = Server(directory, spec, None, settings.workers, redis_url, name="replica-a")
     second = Server(directory, spec, None, settings.workers, redis_url, name="replica-b")
     second.token = first.token
@@ -335,7 +347,12 @@ def _cells_on_replicas(
         first.start()
         second.start()
         served = dataclasses.replace(first.store_spec(), replicas=(first.url, second.url))
-        return measure_cells(mode, served, ops, settings, tag, say), f"{first.url},{second.url}"
+
+        def server_cpu() -> float:
+            return first.cpu() + second.cpu() + cpu_seconds(redis_pid)
+
+        rows = measure_cells(mode, served, ops, settings, tag, say, server_cpu)
+        return rows, f"{first.url},{second.url}"
     finally:
         first.stop()
         second.stop()
