@@ -151,3 +151,28 @@ def test_a_page_swapped_for_another_keys_page_is_wrong_and_fix_invalidates_it(
     code, again = _verify(store, tiny_model, prompts["a"])
     counts = again["counts"]
     assert (code, counts["wrong"], again["not_stored"]) == (0, 0, 1)
+
+
+def test_a_hybrid_model_is_verified_group_by_group(
+    prompts: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """A sliding-window model (a full and a sliding group, a namespace each)."""
+    from hf3fsctl.vllm_tools.hybrid_models import build_sliding_window_model
+
+    work = tmp_path_factory.mktemp("verify-hybrid")
+    model = build_sliding_window_model(work / "model")
+    args = {"block_size": 32, "enforce_eager": True, "kv_cache_memory_bytes": "64MiB"}
+    store = make_numerics_store(work, engine_args=args)
+    cli(
+        "warm",
+        "--config",
+        str(store.config_file),
+        "--model",
+        str(model),
+        "--prompts",
+        str(prompts["a"]),
+    )
+    code, result = _verify(store, model, prompts["a"])
+    groups = {p["namespace"] for p in result["pages"] if p["verdict"] == "identical"}
+    assert (code, result["counts"]["wrong"], len(result["namespaces"])) == (0, 0, 2)
+    assert groups == set(result["namespaces"])
