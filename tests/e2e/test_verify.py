@@ -3,7 +3,8 @@ with the serving engines' args is `identical`; a store warmed by a compiled engi
 verified by the eager serving engine, is `other numerics` (exit 0, a warning) — and its
 namespace, written by both, is warned about by `stats` and `doctor`; a page replaced by
 another key's page with its checksum rewritten to match is `wrong` (exit 1), which
-`--fix` invalidates so that a second verify is clean."""
+`--fix` invalidates so that a second verify is clean; a hybrid (sliding-window) model is
+verified group by group, each in its own namespace."""
 
 from __future__ import annotations
 
