@@ -282,3 +282,21 @@ def test_every_public_name_still_imports_from_hf3fsctl_config() -> None:
     assert [n for n in names if not hasattr(config, n)] == []
     assert len(config.__all__) == len(set(config.__all__))
     assert set(names) <= set(config.__all__)
+
+
+def test_the_packaged_default_config_names_no_key_twice() -> None:
+    """YAML keeps the last of two equal keys silently: a doubled key hides an edit."""
+    import yaml
+
+    class StrictLoader(yaml.SafeLoader):
+        pass
+
+    def mapping(loader: yaml.SafeLoader, node: yaml.MappingNode) -> dict[object, object]:
+        keys = [loader.construct_object(key) for key, _ in node.value]
+        doubled = sorted({str(k) for k in keys if keys.count(k) > 1})
+        assert doubled == [], f"line {node.start_mark.line + 1}: {doubled} given twice"
+        return loader.construct_mapping(node)
+
+    StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, mapping)
+    path = Path(__file__).parents[2] / "hf3fsctl" / "default_config.yaml"
+    assert isinstance(yaml.load(path.read_text(), Loader=StrictLoader), dict)
