@@ -405,11 +405,27 @@ class RedisMetadataStore(StoreCore):
     def _lookup_pipeline(
         self, namespace: str, keys: Sequence[str], counters: list[Any]
     ) -> list[Any]:
-        if self._cluster:  # redis-py's cluster pipelines refuse scripts: two round trips
+        if self._cluster:
+            # redis-py's cluster pipelines refuse scripts: pipeline on the slot's master
+            # itself; once the slot moved or that master is gone, two round trips through
+            # the cluster client, which follows the slot map
+            node = self._redis.get_node_from_key(self.prefix)
+            if node is not None and node.redis_connection is not None:
+                try:
+                    return self._pipelined(node.redis_connection, namespace, keys, counters)
+                except (rex.ConnectionError, rex.MovedError, rex.AskError,
+                        rex.ClusterDownError, rex.TryAgainError) as exc:  # fmt: skip
+                    # (a timeout is not repeated: `call` says why)
+                    logger.debug("Redis Cluster %s: %s; through the slot map", self.url, exc)
             script = self._scripts["count_lookup"]
             head = [self._redis.hmget(self._key("c", namespace), list(keys))] if keys else []
             return [*head, script(keys=[self.prefix], args=counters)]
-        pipe = self._redis.pipeline(transaction=False)
+        return self._pipelined(self._redis, namespace, keys, counters)
+
+    def _pipelined(
+        self, client: Any, namespace: str, keys: Sequence[str], counters: list[Any]
+    ) -> list[Any]:
+        pipe = client.pipeline(transaction=False)
         if keys:
             pipe.hmget(self._key("c", namespace), list(keys))
         pipe.evalsha(self._scripts["count_lookup"].sha, 1, self.prefix, *counters)
