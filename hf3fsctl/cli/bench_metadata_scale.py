@@ -104,6 +104,8 @@ def render_scale(document: dict[str, Any]) -> RenderableType:
         )
     for mode, why in (document.get("skipped_modes") or {}).items():
         parts.append(f"mode {mode} skipped: {why}")
+    for cell, why in (document.get("failed") or {}).items():
+        parts.append(f"FAILED {cell}: {why[-500:]}")
     return Group(*parts)
 
 
@@ -148,4 +150,6 @@ def render_fleet(document: dict[str, Any]) -> RenderableType:
     parts: list[Any] = [routes, sizing]
     for mode, why in (document.get("skipped_modes") or {}).items():
         parts.append(f"mode {mode} skipped: {why}")
+    for cell, why in (document.get("failed") or {}).items():
+        parts.append(f"FAILED {cell}: {why[-500:]}")
     return Group(*parts)

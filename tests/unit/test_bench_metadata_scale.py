@@ -66,6 +66,7 @@ def test_scale_embedded_and_redis(tmp_path: Path) -> None:
     modes = "embedded,redis" if shutil.which("redis-server") else "embedded"
     document = _scale(tmp_path, modes)
     assert document["benchmark"] == "metadata-scale"
+    assert document["failed"] == {}
     assert document["settings"]["entries"] == [N]
     assert document["settings"]["clients"] == 1
     rows = {r["mode"]: r for r in document["results"]}
@@ -143,6 +144,7 @@ def test_fleet_routes_and_sizing(tmp_path: Path) -> None:
     assert result.exit_code == 0, f"{result.stdout}\n{result.stderr}\n{result.exception!r}"
     document = json.loads(result.stdout)
     assert document["benchmark"] == "metadata-fleet"
+    assert document["failed"] == {}
     model = document["model"]
     assert (model["blocks"], model["hit"], model["miss"]) == (32, 8, 24)  # ceil(500/16)
     assert model["requests_per_s"] == pytest.approx(2 * 4 * 2.5)

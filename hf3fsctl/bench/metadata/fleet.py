@@ -22,7 +22,7 @@ JSON document (`benchmark: "metadata-fleet"`): `settings`, `model` (`blocks`, `h
 `miss`, `requests_per_s`), `routes[]` (`route`, `calls_per_s`, `keys_per_call`),
 `measured` (the scale study's `results` at `entries`), `sizing[]` (`mode`, `instance`,
 `cpu_us_per_request`, `cpu_us` per route, `cores`, `instances`,
-`requests_per_s_per_instance`, `nodes_per_instance`), `skipped_modes`.
+`requests_per_s_per_instance`, `nodes_per_instance`), `skipped_modes`, `failed`.
 """
 
 from __future__ import annotations
@@ -187,5 +187,6 @@ def run_fleet(
         "measured": scale["results"],
         "sizing": size(settings, scale["results"]),
         "skipped_modes": scale["skipped_modes"],
+        "failed": scale["failed"],
         "seconds": scale["seconds"],
     }

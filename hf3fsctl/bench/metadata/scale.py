@@ -34,16 +34,19 @@ JSON document (`benchmark: "metadata-scale"`):
   did not run);
 - `rate_ratios[]`, one per mode: `smallest`, `largest` (N), `saved_keys_per_s_ratio`
   and `lookups_per_s_ratio` (smallest N's rate ÷ largest N's), `goal` (1.5), `met`;
-- `skipped_modes`: mode → why (its program is missing here).
+- `skipped_modes`: mode → why (its program is missing here);
+- `failed`: `MODE@N` → the error of a mode that failed at that N (the run goes on).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import secrets
 import shutil
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -71,7 +74,7 @@ from hf3fsctl.bench.metadata.stores import (
     namespace_id,
     store_keys,
 )
-from hf3fsctl.errors import InvalidRequest, MetadataUnavailable
+from hf3fsctl.errors import Hf3fsctlError, InvalidRequest, MetadataUnavailable
 
 SCALE_MODES = ("embedded", "serve", "redis", "in-tree")
 
@@ -191,6 +194,7 @@ def run_scale(
     started = time.monotonic()
     results: list[dict[str, Any]] = []
     skipped: dict[str, str] = {}
+    failed: dict[str, str] = {}
     modes = list(settings.modes)
     try:
         baseline = None
@@ -199,7 +203,7 @@ def run_scale(
         for entries in sorted(settings.entries):
             results += _one_size(
                 entries, modes, settings, workdir / f"n{entries}", tag, run_id, baseline,
-                skipped, say,
+                skipped, failed, say,
             )  # fmt: skip
             modes = [m for m in modes if m not in skipped]
     finally:
@@ -228,6 +232,7 @@ def run_scale(
         "results": results,
         "rate_ratios": rate_ratios(results),
         "skipped_modes": skipped,
+        "failed": failed,
         "seconds": time.monotonic() - started,
     }
 
@@ -241,6 +246,7 @@ def _one_size(
     run_id: str,
     baseline: int | None,
     skipped: dict[str, str],
+    failed: dict[str, str],
     say: report.Progress,
 ) -> list[dict[str, Any]]:
     """Every mode at one N (the SQLite fill in a child beside the Redis fill)."""
@@ -263,14 +269,17 @@ def _one_size(
     try:
         if redis is not None:
             say(f"N = {entries:,}: filling Redis (full)")
-            out.append(_redis(redis, entries, settings, directory, stored, run_id, say))
+            with _failure_noted("redis", entries, failed, say):
+                out.append(_redis(redis, entries, settings, directory, stored, run_id, say))
         if child is not None:
             spec, db, fill_s = child.result()
             fill = {"seconds": fill_s, "entries_per_s": entries / fill_s if fill_s else None}
             if "embedded" in modes:
-                out.append(_embedded(spec, db, entries, fill, settings, directory, tag, say))
+                with _failure_noted("embedded", entries, failed, say):
+                    out.append(_embedded(spec, db, entries, fill, settings, directory, tag, say))
             if "serve" in modes:
-                out.append(_serve(spec, db, entries, fill, settings, baseline, tag, say))
+                with _failure_noted("serve", entries, failed, say):
+                    out.append(_serve(spec, db, entries, fill, settings, baseline, tag, say))
     finally:
         if redis is not None:
             redis.stop()
@@ -282,6 +291,19 @@ def _one_size(
                 raise
             skipped["in-tree"] = str(exc)
     return out
+
+
+@contextlib.contextmanager
+def _failure_noted(
+    mode: str, entries: int, failed: dict[str, str], say: report.Progress
+) -> Iterator[None]:
+    """A mode that fails at one N is noted in `failed` and the run goes on (the stores
+    change under the benchmark while their authors measure them)."""
+    try:
+        yield
+    except (MetadataUnavailable, Hf3fsctlError) as exc:
+        failed[f"{mode}@{entries}"] = str(exc)[-2000:]
+        say(f"  {mode} at N = {entries:,} failed: {str(exc)[-300:]}")
 
 
 def _cells(
