@@ -14,6 +14,9 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import multiprocessing
+import os
+import random
 import sqlite3
 import tempfile
 import time
@@ -49,13 +52,16 @@ def fill(db: Path, root: Path, entries: int) -> tuple[MetadataStore, str]:
     conn = sqlite3.connect(db, isolation_level=None)
     conn.execute("PRAGMA cache_size = -1000000")  # the fill's random index inserts
     conn.execute("BEGIN IMMEDIATE")
+    ages = list(range(entries))
+    random.Random(entries).shuffle(ages)  # access order unrelated to key or page order
+    keys = sorted(_key("fill", i) for i in range(entries))  # the key indexes fill in order
     conn.executemany(
         "INSERT INTO entries (namespace, key, rank, page, state, checksum, size, depth,"
         " created, last_access) VALUES (?,?,0,?,1,?,?,?,?,?)",
         (
-            (ns, _key("fill", i), i, f"xxh3:{i:016x}", PAGE_BYTES, i % 16, now - 3600, t)
-            for i in range(entries)
-            for t in (now - 3600 + 3000 * i / entries,)
+            (ns, key, i, f"xxh3:{i:016x}", PAGE_BYTES, i % 16, now - 3600, t)
+            for i, key in enumerate(keys)
+            for t in (now - 3600 + 3000 * ages[i] / entries,)
         ),
     )
     conn.execute(
@@ -91,6 +97,55 @@ def cycles(store: MetadataStore, ns: str, seconds: float) -> dict[str, float]:
     return {"keys_per_s": saved / elapsed, "us_per_cycle": 1e6 * elapsed / max(cycle, 1)}
 
 
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def probe(db: str, root: str, entries: int, queue: multiprocessing.Queue) -> None:  # type: ignore[type-arg]
+    """In a fresh process: RSS of an opened store before and after lookups, locates and
+    allocate + commit cycles touch it (what a `serve` holds for it), and lookup rates."""
+    high, low = 1.0, 1.0 - 0.5 / entries
+    before = _rss_bytes()
+    store = MetadataStore(
+        db, high_watermark=high, low_watermark=low, policy=StorePolicy(storage_root=root)
+    )
+    ns = store.namespaces()[0].id
+    conn = sqlite3.connect(db)
+    stored = [
+        k
+        for (k,) in conn.execute(
+            "SELECT key FROM entries WHERE state = 1 ORDER BY page DESC LIMIT 1000"
+        )
+    ]
+    conn.close()
+    opened = _rss_bytes()
+    calls = 0
+    started = time.perf_counter()
+    while time.perf_counter() - started < 2.0:
+        assert store.lookup(ns, stored[:64]) == 64
+        calls += 1
+    lookup_64 = calls / (time.perf_counter() - started)
+    calls = 0
+    started = time.perf_counter()
+    while time.perf_counter() - started < 2.0:
+        store.lookup(ns, stored)
+        calls += 1
+    lookup_1000 = calls / (time.perf_counter() - started)
+    cycles(store, ns, 2.0)
+    after = _rss_bytes()
+    store.close()
+    queue.put(
+        {
+            "rss_open_mib": round((opened - before) / 2**20, 1),
+            "rss_after_work_mib": round((after - before) / 2**20, 1),
+            "rss_bytes_per_entry": round((after - before) / entries, 1),
+            "lookups_64_per_s": round(lookup_64),
+            "lookups_1000_per_s": round(lookup_1000),
+        }
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--entries", type=int, nargs="+", default=[100_000, 1_000_000])
@@ -109,6 +164,13 @@ def main() -> None:
                 problems = store.check_invariants() if entries <= 100_000 else []
             finally:
                 store.close()
+            queue: multiprocessing.Queue = multiprocessing.get_context("spawn").Queue()  # type: ignore[type-arg]
+            child = multiprocessing.get_context("spawn").Process(
+                target=probe, args=(str(db), str(root), entries, queue)
+            )
+            child.start()
+            figures.update(queue.get(timeout=600))
+            child.join()
             size = sum(p.stat().st_size for p in Path(work).glob("meta.db*"))
             print(
                 json.dumps(

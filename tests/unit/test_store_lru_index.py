@@ -15,6 +15,7 @@ from pathlib import Path
 
 from helpers.meta_builders import keys, register, store_keys
 
+from hf3fsctl.meta.models import EvictRequest
 from hf3fsctl.meta.sqlite import eviction, schema
 from hf3fsctl.meta.sqlite.store import MetadataStore
 
@@ -106,7 +107,8 @@ def test_a_store_written_before_key_lru_gets_it_filled_on_open(tmp_path: Path) -
     expected = conn.execute(_FULL_SORT, {"now": now, "limit": 1000}).fetchall()
     conn.executescript(
         "BEGIN; DROP TABLE key_lru; DROP TRIGGER key_lru_on_insert; DROP TRIGGER key_lru_on_touch;"
-        " DROP TRIGGER key_lru_on_shallower; DROP TRIGGER key_lru_on_delete; COMMIT;"
+        " DROP TRIGGER key_lru_on_shallower; DROP TRIGGER key_lru_on_state;"
+        " DROP TRIGGER key_lru_on_delete; COMMIT;"
     )
     conn.close()
     MetadataStore(db).close()  # a writable open of the older store
@@ -114,3 +116,23 @@ def test_a_store_written_before_key_lru_gets_it_filled_on_open(tmp_path: Path) -
     assert _lru_problems(conn) == []
     assert eviction.choose_victims(conn, now, None, 1000) == expected
     conn.close()
+
+
+def test_lookup_reads_committed_ranks_from_disk_on_new_and_older_stores(tmp_path: Path) -> None:
+    store = MetadataStore(tmp_path / "m.db")
+    ns = register(store, tp_size=2)
+    chain = keys(10)
+    store_keys(store, ns, chain, ranks=2)
+    store.allocate(ns, 0, keys(3, salt="half"))  # pending on one rank: no hit
+    assert store.lookup(ns, chain) == 10
+    assert store.lookup(ns, [*chain[:4], *keys(3, salt="half"), *chain[4:]]) == 4
+    store.evict(EvictRequest(namespace=ns, max_entries=1))  # the oldest: a chain tail
+    held = store.lookup(ns, chain)
+    assert held < 10
+    store.close()
+    conn = sqlite3.connect(tmp_path / "m.db", isolation_level=None)
+    conn.executescript("BEGIN; DROP TABLE key_lru; COMMIT;")  # as written before key_lru
+    conn.close()
+    reader = MetadataStore(tmp_path / "m.db", read_only=True)
+    assert reader.lookup(ns, chain) == held
+    reader.close()

@@ -1,25 +1,18 @@
-"""`CommittedIndex`: an in-memory copy of the committed key set, for fast `lookup`.
+"""`lookup` from the committed rank counts of `key_lru`, and the `changes` log.
 
-`lookup` asks, for up to thousands of keys, how many leading ones are committed on
-every rank: a B-tree search per key in SQLite costs ~4 µs, a dict probe ~50 ns. Each
-store instance (each process) therefore keeps `namespace → key → committed ranks` in
-memory and keeps it exact by replaying the `changes` log that triggers append on every
-commit and every removal of a committed entry — whoever wrote them (this process,
-another worker process, `hf3fsctl evict`).
-
-Every lookup first reads the log's last sequence number in its read transaction
-(one point query); only when it moved are the new rows applied. A reader that fell
-behind the pruned part of the log reloads the whole set. The log keeps its newest
-`KEEP_CHANGES` rows.
+`lookup` asks how many leading keys are committed on every rank. Until issue 21 each
+process held `namespace → key → committed ranks` in memory (~300 B per key of Python
+objects, replayed from the `changes` log); now each key is one primary-key probe of
+`key_lru` (kept by triggers, `meta/sqlite/schema.py`), in chunks, stopping at the first
+miss, so memory does not grow with the entries held. The `changes` log stays for its
+followers (KV events, `read_changes`) and keeps its newest `KEEP_CHANGES` rows.
 """
 
 from __future__ import annotations
 
 import logging
 import sqlite3
-import threading
 from collections.abc import Sequence
-from itertools import repeat
 
 from hf3fsctl.meta.models import Change, ChangeLog
 
@@ -37,68 +30,41 @@ def prune_changes(conn: sqlite3.Connection, keep: int = KEEP_CHANGES) -> None:
     )
 
 
-class CommittedIndex:
-    """`namespace → key → number of ranks committed`, replayed from the `changes` log."""
+# Keys probed per statement: a lookup usually stops at its first miss, so the first
+# chunk is small; later ones grow (a long hit run costs few statements).
+_FIRST_CHUNK = 64
+_MAX_CHUNK = 512
 
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._seq = -1  # last applied log sequence; -1 = not loaded
-        self._counts: dict[str, dict[str, int]] = {}
 
-    def _last_seq(self, conn: sqlite3.Connection) -> int:
-        row = conn.execute("SELECT seq FROM sqlite_sequence WHERE name = 'changes'").fetchone()
-        return int(row[0]) if row else 0
-
-    def _reload(self, conn: sqlite3.Connection, last: int) -> None:
-        counts: dict[str, dict[str, int]] = {}
-        for namespace, key, ranks in conn.execute(
-            "SELECT namespace, key, COUNT(*) FROM entries WHERE state = 1 GROUP BY namespace, key"
-        ):
-            counts.setdefault(namespace, {})[key] = ranks
-        self._counts = counts
-        self._seq = last
-        logger.debug("committed index loaded: %d keys", sum(map(len, counts.values())))
-
-    def _refresh(self, conn: sqlite3.Connection) -> None:
-        """Bring the index to the snapshot of `conn`'s open read transaction."""
-        last = self._last_seq(conn)
-        if last == self._seq:
-            return
-        if self._seq < 0 or last < self._seq:
-            self._reload(conn, last)
-            return
-        rows = conn.execute(
-            "SELECT namespace, key, delta FROM changes WHERE seq > ? AND seq <= ? ORDER BY seq",
-            (self._seq, last),
-        ).fetchall()
-        if len(rows) != last - self._seq:  # the log was pruned past us
-            self._reload(conn, last)
-            return
-        counts = self._counts
-        for namespace, key, delta in rows:
-            keys = counts.setdefault(namespace, {})
-            value = keys.get(key, 0) + delta
-            if value > 0:
-                keys[key] = value
-            else:
-                keys.pop(key, None)
-        self._seq = last
-
-    def leading_hits(
-        self, conn: sqlite3.Connection, namespace: str, keys: Sequence[str], num_ranks: int
-    ) -> int:
-        """How many leading `keys` are committed on `num_ranks` ranks (in `conn`'s snapshot)."""
-        with self._lock:
-            self._refresh(conn)
-            committed = self._counts.get(namespace)
-            if not committed:
-                return 0
-            # C-speed passes (~4x faster than a Python loop over 1,000 keys)
-            enough = list(map(num_ranks.__le__, map(committed.get, keys, repeat(0))))
-            try:
-                return enough.index(False)
-            except ValueError:
-                return len(enough)
+def leading_hits(
+    conn: sqlite3.Connection,
+    namespace: str,
+    keys: Sequence[str],
+    num_ranks: int,
+    has_key_lru: bool = True,
+) -> int:
+    """How many leading `keys` are committed on `num_ranks` ranks (in `conn`'s snapshot):
+    one primary-key probe of `key_lru` per key, in chunks, stopping at the first miss.
+    Nothing of the key set is held in memory. A store without `key_lru` (read only,
+    written before it) is asked its entries instead."""
+    query = (
+        "SELECT key, committed FROM key_lru WHERE namespace = ? AND key IN ({})"
+        if has_key_lru
+        else "SELECT key, COUNT(*) FROM entries INDEXED BY entries_by_key WHERE namespace = ?"
+        " AND key IN ({}) AND state = 1 GROUP BY key"
+    )
+    hits = 0
+    size = _FIRST_CHUNK
+    while hits < len(keys):
+        chunk = keys[hits : hits + size]
+        marks = ",".join("?" * len(chunk))
+        held = dict(conn.execute(query.format(marks), (namespace, *chunk)).fetchall())
+        for key in chunk:
+            if held.get(key, 0) < num_ranks:
+                return hits
+            hits += 1
+        size = min(size * 4, _MAX_CHUNK)
+    return hits
 
 
 def read_changes(

@@ -24,11 +24,12 @@ Tables:
 - `pins`: (namespace, key) kept out of LRU eviction until `expires` (0 = no TTL).
 - `evictions`: keys and bytes evicted per namespace and reason (capacity, quota,
   file_full, admin, corrupt), cumulative, for `stats` and Prometheus.
-- `key_lru`: one row per (namespace, key) with entries: its latest last access and
-  greatest depth, indexed by (namespace, last_access, depth DESC) for eviction.
+- `key_lru`: one row per (namespace, key) with entries: its latest last access,
+  greatest depth and committed rank count, indexed by (namespace, last_access,
+  depth DESC) for eviction; `lookup` probes it by key.
 - `changes`: an append-only log, written by triggers, of every (namespace, key) that
-  gained (+1) or lost (-1) a committed rank. Each process's `CommittedIndex` replays it
-  to keep an in-memory copy of the committed set for `lookup`; old rows are pruned.
+  gained (+1) or lost (-1) a committed rank, for followers (KV events); old rows are
+  pruned.
 
 Entries are clustered by (namespace, rank, page), not by key: the pages of one prefix
 chain are allocated together, so a `locate` or `commit` of a chain rewrites a couple of
@@ -158,7 +159,8 @@ END;
 # The LRU order of keys (`key_lru`), kept by triggers so that every writer of the store,
 # of this version or an older one, keeps it: one row per (namespace, key) that has
 # entries, with the latest `last_access` and the greatest `depth` of its entries (an
-# access time only moves forward: a clock stepping back leaves the later one).
+# access time only moves forward: a clock stepping back leaves the later one) and how
+# many ranks hold it committed (`lookup` reads that: no copy of the key set in memory).
 # Eviction walks `key_lru_by_age` from the oldest key and stops after the victims it
 # needs: O(k log n). Created, and filled from `entries`, by any writable open of a store
 # that lacks it (no format step: older processes keep writing the store, and the
@@ -170,16 +172,17 @@ CREATE TABLE IF NOT EXISTS key_lru (
     key TEXT NOT NULL,
     last_access REAL NOT NULL,
     depth INTEGER NOT NULL,
+    committed INTEGER NOT NULL,
     PRIMARY KEY (namespace, key)
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS key_lru_by_age ON key_lru (namespace, last_access, depth DESC);
 CREATE TRIGGER IF NOT EXISTS key_lru_on_insert AFTER INSERT ON entries
 BEGIN
-    INSERT INTO key_lru (namespace, key, last_access, depth)
-    VALUES (new.namespace, new.key, new.last_access, new.depth)
+    INSERT INTO key_lru (namespace, key, last_access, depth, committed)
+    VALUES (new.namespace, new.key, new.last_access, new.depth, new.state = 1)
     ON CONFLICT (namespace, key) DO UPDATE
-    SET last_access = MAX(last_access, excluded.last_access), depth = MAX(depth, excluded.depth)
-    WHERE excluded.last_access > last_access OR excluded.depth > depth;
+    SET last_access = MAX(last_access, excluded.last_access), depth = MAX(depth, excluded.depth),
+        committed = committed + excluded.committed;
 END;
 CREATE TRIGGER IF NOT EXISTS key_lru_on_touch AFTER UPDATE OF last_access, depth ON entries
 WHEN new.last_access > old.last_access OR new.depth > old.depth
@@ -197,6 +200,12 @@ BEGIN
         WHERE e.namespace = new.namespace AND e.key = new.key)
     WHERE namespace = new.namespace AND key = new.key;
 END;
+CREATE TRIGGER IF NOT EXISTS key_lru_on_state AFTER UPDATE OF state ON entries
+WHEN (old.state = 1) != (new.state = 1)
+BEGIN
+    UPDATE key_lru SET committed = committed + (new.state = 1) - (old.state = 1)
+    WHERE namespace = new.namespace AND key = new.key;
+END;
 CREATE TRIGGER IF NOT EXISTS key_lru_on_delete AFTER DELETE ON entries
 BEGIN
     DELETE FROM key_lru WHERE namespace = old.namespace AND key = old.key
@@ -206,14 +215,15 @@ BEGIN
         last_access = (SELECT MAX(e.last_access) FROM entries e
                        WHERE e.namespace = old.namespace AND e.key = old.key),
         depth = (SELECT MAX(e.depth) FROM entries e
-                 WHERE e.namespace = old.namespace AND e.key = old.key)
-    WHERE namespace = old.namespace AND key = old.key
-      AND (last_access <= old.last_access OR depth <= old.depth);
+                 WHERE e.namespace = old.namespace AND e.key = old.key),
+        committed = committed - (old.state = 1)
+    WHERE namespace = old.namespace AND key = old.key;
 END;
 """
 KEY_LRU_FILL = (
-    "INSERT OR IGNORE INTO key_lru (namespace, key, last_access, depth)"
-    " SELECT namespace, key, MAX(last_access), MAX(depth) FROM entries GROUP BY namespace, key"
+    "INSERT OR IGNORE INTO key_lru (namespace, key, last_access, depth, committed)"
+    " SELECT namespace, key, MAX(last_access), MAX(depth), SUM(state = 1) FROM entries"
+    " GROUP BY namespace, key"
 )
 DDL += KEY_LRU_DDL
 
@@ -318,6 +328,16 @@ INVARIANT_QUERIES: list[tuple[str, str]] = [
         """SELECT l.namespace, l.key FROM key_lru l
            WHERE NOT EXISTS (SELECT 1 FROM entries e INDEXED BY entries_by_key
                              WHERE e.namespace = l.namespace AND e.key = l.key)""",
+    ),
+    (
+        "key_lru row {}/{} counts {} committed ranks but {} entries are committed",
+        """SELECT namespace, key, committed, actual FROM (
+               SELECT l.namespace, l.key, l.committed,
+                      (SELECT COUNT(*) FROM entries e INDEXED BY entries_by_key
+                       WHERE e.namespace = l.namespace AND e.key = l.key
+                         AND e.state = 1) AS actual
+               FROM key_lru l)
+           WHERE committed != actual""",
     ),
     (
         "key_lru row {}/{} is older ({}) than its latest entry access ({})",

@@ -66,7 +66,7 @@ from hf3fsctl.meta.models import (
 from hf3fsctl.meta.policy import StorePolicy
 from hf3fsctl.meta.sqlite import capacity as room
 from hf3fsctl.meta.sqlite import namespaces, pins, schema
-from hf3fsctl.meta.sqlite.committed_index import CommittedIndex, prune_changes, read_changes
+from hf3fsctl.meta.sqlite.committed_index import leading_hits, prune_changes, read_changes
 from hf3fsctl.meta.sqlite.database import SqliteDatabase
 from hf3fsctl.meta.sqlite.eviction import (
     evict_entries,
@@ -140,7 +140,6 @@ class MetadataStore(SqliteDatabase, StoreCore):
             policy=policy,
         )
         self._num_ranks: dict[str, int] = {}  # immutable once registered
-        self._index = CommittedIndex()
         self._commits = 0
         self._open_database(
             busy_timeout_s=busy_timeout_s,
@@ -148,6 +147,8 @@ class MetadataStore(SqliteDatabase, StoreCore):
             background_checkpoint=background_checkpoint,
             read_only=read_only,
         )
+        with self._read() as conn:  # False only for a read-only reader of an older store
+            self._has_key_lru = schema.has_key_lru(conn)
         self._record_default_capacity()
         self._start_checkpointer()
 
@@ -291,7 +292,7 @@ class MetadataStore(SqliteDatabase, StoreCore):
     def _lookup(self, namespace: str, keys: Sequence[str]) -> int:
         with self._read() as conn:
             num_ranks = self._ranks_of(conn, namespace)
-            hits = self._index.leading_hits(conn, namespace, keys, num_ranks)
+            hits = leading_hits(conn, namespace, keys, num_ranks, self._has_key_lru)
         self._count_lookup(namespace, len(keys), hits)
         return hits
 
