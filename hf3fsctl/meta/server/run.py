@@ -10,6 +10,7 @@ import json
 import logging
 import os
 import signal
+import sys
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -51,6 +52,14 @@ def store_path(store_path_or_url: str) -> str:
 
 _SETTINGS_ENV = "HF3FSCTL_SERVE_SETTINGS"
 DRAIN_TIMEOUT_S = 30  # longest wait for requests in flight at shutdown (systemd waits 45)
+# The GIL's switch interval in a server process. A lookup runs on the event loop holding
+# the GIL; the writer thread gives the GIL up around every SQLite call of a write
+# transaction and, to get it back, waits for the loop thread's next forced switch (5 ms
+# by default): a convoy that starved allocate + commit beside saturating lookups (issue
+# 21). Measured in one process, a write thread beside a pure-Python lookup loop kept
+# 14% of its solo rate at 5 ms and 33% at 1 ms; beside SQLite lookups, 30% and 46%
+# (benchmarks/bench_serve_starvation.py measures a real serve).
+SWITCH_INTERVAL_S = 0.001
 
 
 def run_server(
@@ -131,6 +140,7 @@ def run_server(
     # uvicorn restores this handler after its graceful shutdown and raises SIGTERM into
     # it: the drain is done by then, so it only notes it and the process exits 0
     previous = signal.signal(signal.SIGTERM, _after_drain)
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
     try:
         if workers > 1:
             os.environ[_SETTINGS_ENV] = json.dumps(settings)
@@ -160,6 +170,7 @@ def _shown(db: str) -> str:
 
 def app_from_environment() -> FastAPI:
     """The app of one worker process of `run_server(workers > 1)` (a uvicorn factory)."""
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
     return _app_from_settings(json.loads(os.environ[_SETTINGS_ENV]))
 
 

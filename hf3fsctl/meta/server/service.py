@@ -8,15 +8,18 @@ of a body: `limited`) by a dependency (413), and the schema declares it (`maxIte
 above), and a query parameter a listing does not declare is a 422.
 
 Threads: the event loop never waits on the store. `lookup` — the hottest call — runs on
-the loop itself when the store's lookup does no I/O (SQLite: a WAL snapshot and the
-in-memory committed index; its once-a-second counter flush is skipped when another
+the loop itself when the store's lookup does no network I/O (SQLite: a WAL snapshot and
+a primary-key probe of `key_lru` per key, pages the OS has cached; its once-a-second
+counter flush is skipped when another
 writer holds the lock), since the thread hop cost ~60–90 µs of a ~500 µs call; a store
 whose lookup is a round trip (`lookup_does_io`: Redis) sends it to the reader threads.
 Every other route hands its store call, and the encoding of its answer, to a thread:
 reads (WAL snapshots: listings, `/healthz`) to a pool of reader threads, writes (which
 may wait up to the store's `busy_timeout_s` for the writer lock, held by another
 process) to the writer thread. An explicit executor (`run_in_executor`) costs ~15 µs
-less CPU per call than FastAPI's thread pool for `def` routes (anyio).
+less CPU per call than FastAPI's thread pool for `def` routes (anyio). The server
+process shortens the GIL's switch interval (`run.py: SWITCH_INTERVAL_S`) so the writer
+thread is not starved by lookups holding the GIL on the loop.
 """
 
 from __future__ import annotations
