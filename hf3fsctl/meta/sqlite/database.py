@@ -41,6 +41,12 @@ from hf3fsctl.meta.sqlite.writer_lock import WriterLock
 logger = logging.getLogger(__name__)
 
 _FLUSH_INTERVAL_S = 1.0
+# SQLite's page cache per connection (one connection per thread that touches the store):
+# a bound on memory that does not grow with the entries held. Pages beyond it come from
+# the OS page cache (~2 µs each); the B-trees' inner pages, the hot ones, fit easily.
+# 32 MiB per connection made a serve (loop, writer and reader threads) hold up to
+# ~10 × 32 MiB as its store grew (issue 21).
+CACHE_KIB = 8192
 
 
 def _wal_pages(path: str) -> int:
@@ -232,7 +238,7 @@ class SqliteDatabase:
             conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout_s * 1000)}")
             conn.execute(f"PRAGMA synchronous = {'FULL' if self.durable else 'NORMAL'}")
             conn.execute("PRAGMA temp_store = MEMORY")
-            conn.execute("PRAGMA cache_size = -32768")
+            conn.execute(f"PRAGMA cache_size = -{CACHE_KIB}")
             auto = 0 if self.background_checkpoint else self._wal_pages
             conn.execute(f"PRAGMA wal_autocheckpoint = {auto}")
             conn.execute(f"PRAGMA journal_size_limit = {self._wal_pages * 4096}")
