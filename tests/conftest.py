@@ -4,6 +4,7 @@ tiny model every directory's tests share."""
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,33 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 def _connector_status_files(tmp_path_factory: pytest.TempPathFactory) -> None:
     """Connector status files (`hf3fsctl.health`) go to a private directory per session."""
     os.environ["HF3FSCTL_STATE_DIR"] = str(tmp_path_factory.getbasetemp() / "connector-state")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _engine_zygote(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[None]:
+    """One engine zygote per session that runs vLLM engines (tests using `tiny_model`):
+    it imports vLLM once and forks each eligible `run_engine` (hf3fsctl.vllm_tools.zygote),
+    instead of a `python -m` start that spends ~6-12 s importing. Off with
+    ENGINE_ZYGOTE_SOCKET=0; never on outside the test suite.
+    """
+    from hf3fsctl.vllm_tools.runner import child_env
+    from hf3fsctl.vllm_tools.zygote import ZYGOTE_ENV, Zygote
+
+    wanted = os.environ.get(ZYGOTE_ENV, "1") != "0"
+    engines = any("tiny_model" in item.fixturenames for item in request.session.items)
+    if not (wanted and engines):
+        os.environ.pop(ZYGOTE_ENV, None)
+        yield
+        return
+    zygote = Zygote.start(tmp_path_factory.mktemp("zygote") / "z.sock", child_env())
+    os.environ[ZYGOTE_ENV] = str(zygote.path)
+    try:
+        yield
+    finally:
+        os.environ.pop(ZYGOTE_ENV, None)
+        zygote.stop()
 
 
 @pytest.fixture(scope="session")

@@ -15,7 +15,10 @@ own prefix cache (the floor a connector's load is measured against). `requests` 
 `generate_s` are then the last pass's; `pass_results` holds every pass.
 
 Every call is a fresh process, so "warm" really means another process reading the
-store. A run that fails or passes its timeout raises `EngineRunError` carrying the
+store. In the test suite that process may be forked from the session's engine zygote
+(`zygote.py`: vLLM imported once, no engine, no connector) instead of `python -m`; runs it
+cannot take (other import-time environment, tensor parallel) start fresh, as does every run
+outside the tests. A run that fails or passes its timeout raises `EngineRunError` carrying the
 tail of the child's stderr.
 
 Stdlib only at import time: the test suite, `benchmarks/bench_vllm.py` and
@@ -99,6 +102,7 @@ class EngineResult:
     stderr_tail: str = ""
     pass_results: list[PassResult] = field(default_factory=list)  # every pass, in order
     log: str = ""  # the child's whole output (vLLM's log: KV cache size, groups)
+    started: str = "fresh"  # "fresh" (python -m) or "forked" (from the session's zygote)
 
     @property
     def outputs(self) -> list[list[int]]:
@@ -151,12 +155,8 @@ def shared_prefix_prompts(
     return [prefix + [rng.randrange(3, vocab) for _ in range(suffix_tokens)] for _ in range(count)]
 
 
-def run_engine(run: EngineRun) -> EngineResult:
-    """Run `run` in a fresh Python process and return its results.
-
-    Raises:
-        EngineRunError: the child exited non-zero or ran past `run.timeout_s`.
-    """
+def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment of an engine process: ours, in-process vLLM, offline, then `extra`."""
     env = os.environ.copy()
     env.update(
         {
@@ -168,28 +168,36 @@ def run_engine(run: EngineRun) -> EngineResult:
         }
     )
     env.pop("PYTHONHASHSEED", None)  # vLLM's block hashes must not depend on it
-    env.update(run.env)
+    env.update(extra or {})
+    return env
+
+
+def run_engine(run: EngineRun) -> EngineResult:
+    """Run `run` in a fresh Python process and return its results.
+
+    A fresh process is `python -m hf3fsctl.vllm_tools.runner`, or, when the test session
+    runs an engine zygote (`zygote.ZYGOTE_ENV`) and the run is eligible, a child forked
+    from it after the vLLM imports; either runs `_main` on the same spec.
+
+    Raises:
+        EngineRunError: the child exited non-zero or ran past `run.timeout_s`.
+    """
+    env = child_env(run.env)
     with tempfile.TemporaryDirectory(prefix="vllm-run-") as tmp:
         spec_path, out_path = Path(tmp) / "spec.json", Path(tmp) / "out.json"
-        spec_path.write_text(json.dumps(asdict(run)))
+        spec = asdict(run)
+        spec_path.write_text(json.dumps(spec))
+        argv = [str(spec_path), str(out_path)]
         start = time.perf_counter()
-        try:
-            proc = subprocess.run(
-                [sys.executable, "-m", "hf3fsctl.vllm_tools.runner", str(spec_path), str(out_path)],
-                env=env,
-                capture_output=True,
-                text=True,
-                timeout=run.timeout_s,
-            )
-        except subprocess.TimeoutExpired as exc:
-            tail = _tail(exc.stderr)
-            raise EngineRunError(
-                f"vLLM run passed its {run.timeout_s:.0f} s timeout:\n{tail}"
-            ) from None
+        done = _run_forked(argv, env, spec, Path(tmp), run.timeout_s)
+        started = "fresh" if done is None else "forked"
+        if done is None:
+            done = _run_fresh(argv, env, run.timeout_s)
+        returncode, stdout, stderr = done
         wall = time.perf_counter() - start
-        tail = _tail(proc.stderr)
-        if proc.returncode != 0 or not out_path.is_file():
-            raise EngineRunError(f"vLLM run exited {proc.returncode}:\n{tail}")
+        tail = _tail(stderr)
+        if returncode != 0 or not out_path.is_file():
+            raise EngineRunError(f"vLLM run exited {returncode}:\n{tail}")
         data = json.loads(out_path.read_text())
     return EngineResult(
         requests=[RequestResult(**r) for r in data["requests"]],
@@ -200,12 +208,49 @@ def run_engine(run: EngineRun) -> EngineResult:
         connector_totals=data["connector_totals"],
         engine_info=data["engine_info"],
         stderr_tail=tail,
-        log=(proc.stdout or "") + (proc.stderr or ""),
+        log=stdout + stderr,
+        started=started,
         pass_results=[
             PassResult([RequestResult(**r) for r in p["requests"]], p["generate_s"])
             for p in data.get("passes", [])
         ],
     )
+
+
+def _run_fresh(argv: list[str], env: dict[str, str], timeout_s: float) -> tuple[int, str, str]:
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "hf3fsctl.vllm_tools.runner", *argv],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+        )
+    except subprocess.TimeoutExpired as exc:
+        raise EngineRunError(
+            f"vLLM run passed its {timeout_s:.0f} s timeout:\n{_tail(exc.stderr)}"
+        ) from None
+    return proc.returncode, proc.stdout or "", proc.stderr or ""
+
+
+def _run_forked(
+    argv: list[str], env: dict[str, str], spec: dict[str, Any], tmp: Path, timeout_s: float
+) -> tuple[int, str, str] | None:
+    """The run in a child of the session's engine zygote; None = start a fresh process."""
+    from hf3fsctl.vllm_tools import zygote
+
+    path = os.environ.get(zygote.ZYGOTE_ENV)
+    started_with = zygote.zygote_env(path) if path else None
+    if not path or started_with is None or not zygote.eligible(env, started_with, spec):
+        return None
+    try:
+        return zygote.run_forked(path, argv, env, tmp, timeout_s)
+    except TimeoutError:
+        tail = _tail(zygote.read_text(tmp / "stderr.txt"))
+        raise EngineRunError(f"vLLM run passed its {timeout_s:.0f} s timeout:\n{tail}") from None
+    except ConnectionError as exc:
+        tail = _tail(zygote.read_text(tmp / "stderr.txt"))
+        raise EngineRunError(f"vLLM run failed: {exc}:\n{tail}") from None
 
 
 def _tail(text: str | bytes | None, lines: int = 60) -> str:
