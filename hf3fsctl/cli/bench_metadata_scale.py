@@ -85,7 +85,15 @@ def render_scale(document: dict[str, Any]) -> RenderableType:
     if ratios:
         parts.append(
             output.table(
-                ["mode", "N small", "N large", "saved/s small ÷ large", "lookups/s", "goal"],
+                [
+                    "mode",
+                    "N small",
+                    "N large",
+                    "saved/s small ÷ large",
+                    "lookups/s",
+                    "goal",
+                    "marginal B/entry",
+                ],
                 [
                     [
                         f["mode"],
@@ -95,11 +103,18 @@ def render_scale(document: dict[str, Any]) -> RenderableType:
                         _x(f["lookups_per_s_ratio"]),
                         {True: "met", False: "missed", None: "unknown"}[f["met"]]
                         + f" (≤ {f['goal']:g})",
+                        report.fmt(f.get("marginal_bytes_per_entry"), 0),
                     ]
                     for f in ratios
                 ],
                 title="rates at the smallest N ÷ at the largest",
-                right=("N small", "N large", "saved/s small ÷ large", "lookups/s"),
+                right=(
+                    "N small",
+                    "N large",
+                    "saved/s small ÷ large",
+                    "lookups/s",
+                    "marginal B/entry",
+                ),
             )
         )
     for mode, why in (document.get("skipped_modes") or {}).items():

@@ -101,6 +101,7 @@ def test_rate_ratio_is_smallest_over_largest() -> None:
             "entries": entries,
             "saved_keys_per_s": saved,
             "lookups_per_s": lookups,
+            "memory": {"held_bytes": 1000 + entries // 10},
         }
 
     rows = [row("serve", 10**6, 1000.0, 50.0), row("serve", 10**5, 2000.0, 100.0)]
@@ -111,6 +112,7 @@ def test_rate_ratio_is_smallest_over_largest() -> None:
     assert ratios["serve"]["met"] is False and ratios["serve"]["smallest"] == 10**5
     assert ratios["redis"]["saved_keys_per_s_ratio"] == pytest.approx(900 / 800)
     assert ratios["redis"]["met"] is True and ratios["redis"]["largest"] == 10**6
+    assert ratios["serve"]["marginal_bytes_per_entry"] == pytest.approx(0.1)
 
 
 def test_entries_parsing() -> None:

@@ -33,7 +33,11 @@ JSON document (`benchmark: "metadata-scale"`):
   = ours ÷ its rate; `cpu_lookup`, `cpu_save` = its CPU per call ÷ ours; None when it
   did not run);
 - `rate_ratios[]`, one per mode: `smallest`, `largest` (N), `saved_keys_per_s_ratio`
-  and `lookups_per_s_ratio` (smallest N's rate ÷ largest N's), `goal` (1.5), `met`;
+  and `lookups_per_s_ratio` (smallest N's rate ÷ largest N's), `goal` (1.5), `met`,
+  and `marginal_bytes_per_entry`: what the process holds (`memory.held_bytes`: serve
+  RSS after the cells, Redis used_memory after the fill, in-tree / embedded RSS after
+  loading) at the largest N less at the smallest, ÷ the entries between — the
+  per-entry cost without the fixed, bounded caches a single N's figure includes;
 - `skipped_modes`: mode → why (its program is missing here);
 - `failed`: `MODE@N` → the error of a mode that failed at that N (the run goes on).
 """
@@ -370,6 +374,7 @@ def _embedded(
         "method": "a fresh embedded client process's RSS before/after its first lookup, ÷ N",
         "rss_before_bytes": probe["before"],
         "rss_after_bytes": probe["after"],
+        "held_bytes": probe["after"],
         "db_bytes_per_entry": copy_db.stat().st_size / entries,
     }
     if not settings.keep:
@@ -404,6 +409,7 @@ def _serve(
         "rss_empty_store_bytes": baseline,
         "rss_started_bytes": started_rss,
         "rss_end_bytes": end_rss,
+        "held_bytes": end_rss,
         "db_bytes_per_entry": db.stat().st_size / entries,
     }
     return figures
@@ -466,6 +472,7 @@ def _redis(
         "used_memory_before_bytes": before,
         "used_memory_after_bytes": after,
         "used_memory_end_bytes": redis.used_memory(),
+        "held_bytes": after,
         "rss_bytes": rss_bytes(pid),
         "keys": usage["keys"],
         "sampled_keys": usage["sampled_keys"],
@@ -503,6 +510,7 @@ def _in_tree(
         "method": "its RSS before/after the fill, ÷ N",
         "rss_before_bytes": before,
         "rss_after_bytes": after,
+        "held_bytes": after,
     }
     figures["note"] = "no capacity in the in-tree server: its saves allocate on a store with room"
     return figures
@@ -537,6 +545,12 @@ def rate_ratios(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
             continue
         small, large = rows[0], rows[-1]
         saved = report.ratio(small["saved_keys_per_s"], large["saved_keys_per_s"])
+        held = [r["memory"].get("held_bytes") for r in (small, large)]
+        marginal = (
+            (held[1] - held[0]) / (large["entries"] - small["entries"])
+            if None not in held
+            else None
+        )
         out.append(
             {
                 "mode": mode,
@@ -546,6 +560,7 @@ def rate_ratios(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "lookups_per_s_ratio": report.ratio(small["lookups_per_s"], large["lookups_per_s"]),
                 "goal": FULL_GOAL,
                 "met": None if saved is None else saved <= FULL_GOAL,
+                "marginal_bytes_per_entry": marginal,
             }
         )
     return out
