@@ -21,7 +21,8 @@ JSON document (`benchmark: "metadata-scale"`):
   `committed_keys_per_s`, `p50_ms`/`p99_ms`/`p999_ms`, `no_space_keys`,
   `server_cpu_us_per_call`, `client_cpu_us_per_call`, …; `save` adds `evicted_keys`
   and `evicted_per_call`; `redis` adds `redis_script_usec_per_call` and
-  `redis_scripts_per_call`, from `INFO commandstats`), `lookups_per_s`, `saved_keys_per_s`,
+  `redis_scripts_per_call`, from `INFO commandstats`: Redis's own wall-clock time in
+  its scripts, above its process CPU when the cores are contended), `lookups_per_s`, `saved_keys_per_s`,
   `cpu_us_per_lookup` / `cpu_us_per_save` (the server's CPU per call; embedded: the
   client processes', where the store runs) with `cpu_of`, `memory` (`bytes_per_entry`
   and how: `serve` — the server's RSS after its cells less a server's on an empty
