@@ -3,6 +3,7 @@
 No engine starts: prompts are tokenized as vLLM does, their block keys recomputed
 offline, and the store asked (`hf3fsctl.offline.lookup`). The namespace is the one the
 model (its content fingerprint), `--dtype`, `--block-size` and `--tensor-parallel-size`
+(else the config's `vllm:` section, the serving engines' args warm also takes)
 fit; when several do, they are listed and `--namespace` picks one. `--json` prints
 `{"namespace": …, "prompts": [{"origin", "tokens", "cached_tokens", "fraction", …}],
 "totals": {…}, "malformed": […]}`, prompts in input order.
@@ -47,14 +48,22 @@ def lookup(
     json: JsonOpt = False,
 ) -> None:
     """Show how much of each prompt is cached (what the next vLLM run loads), no engine."""
+    from hf3fsctl.offline.engine_args import engine_options, resolve_engine_args
     from hf3fsctl.offline.lookup import lookup_prompts
-    from hf3fsctl.offline.namespaces import AmbiguousNamespace, NamespaceQuery, resolve_namespace
+    from hf3fsctl.offline.namespaces import AmbiguousNamespace, resolve_namespace
     from hf3fsctl.offline.prompts import token_ids
     from hf3fsctl.prompt_keys import load_tokenizer
 
     cfg = context.load(ctx, config)
     items, problems = read_prompt_set(prompts, prompt, format)
-    query = NamespaceQuery(model, dtype, block_size, tensor_parallel_size)
+    # The serving engines' args (the config's vllm: section, as warm takes them) decide
+    # the namespace; a flag given here wins.
+    flags = {
+        "dtype": None if dtype == "auto" else dtype,
+        "block_size": block_size,
+        "tensor_parallel_size": None if tensor_parallel_size == 1 else tensor_parallel_size,
+    }
+    query = engine_options(model, resolve_engine_args(cfg.vllm, None, flags)).query()
     with context.open_client(cfg) as client:
         try:
             info = resolve_namespace(client.namespaces(), query, namespace)

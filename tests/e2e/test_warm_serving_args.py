@@ -98,3 +98,24 @@ def test_vllm_config_serve_args_prints_the_same_args_with_the_connector(
     )
     assert (document["enforce-eager"], document["dtype"]) == (True, DTYPE)
     assert document["kv-transfer-config"]["kv_connector"] == "Hf3fsctlConnector"
+
+
+def test_lookup_takes_the_same_config_args_and_finds_what_warm_wrote(
+    warmed: tuple[NumericsStore, list[str], dict[str, Any]], tiny_model: Path
+) -> None:
+    store, prompts, _ = warmed
+    prompts_file = store.config_file.parent / "lookup-prompts.txt"
+    prompts_file.write_text("\n".join(prompts) + "\n")
+    _, found = cli_json(
+        "lookup",
+        "--config",
+        str(store.config_file),
+        "--model",
+        str(tiny_model),
+        "--prompts",
+        str(prompts_file),
+    )
+    assert found["namespace"] is not None
+    # The config's vllm: section picks the namespace as it picked warm's (a store holding
+    # namespaces of several dtypes is not tested here: one more engine run).
+    assert found["totals"]["cached_tokens"] > 0
