@@ -179,8 +179,9 @@ def test_bench_metadata_embedded_every_op_json_and_plot(tmp_path: Path) -> None:
     (mode,) = document["modes"]
     memory = mode["memory"]
     assert memory["entries"] == 2000
-    assert memory["rss_after_bytes"] > memory["rss_before_bytes"] > 0
-    assert 0 < memory["bytes_per_entry"] < 100_000
+    # a first lookup need load nothing per entry (the store holds no index in Python)
+    assert memory["rss_after_bytes"] >= memory["rss_before_bytes"] > 0
+    assert 0 <= memory["bytes_per_entry"] < 100_000
     # no in-tree server ran: no in-tree figure and no ratio to one (none is stored in code)
     assert (memory["in_tree_bytes_per_key"], memory["ratio_to_in_tree"]) == (None, None)
     assert all(r["in_tree"] is None and r["in_tree_ratio"] is None for r in rows)
