@@ -7,18 +7,14 @@ Imports no vLLM (nor does anything it imports): vLLM's objects come in as argume
 (`KVCacheConfig` is read once into a `KVCacheGeometry`), so the worker side runs, and is
 tested on a GPU machine, without vLLM installed (`tests/gpu/test_worker_cuda.py`).
 
-Contract:
+Contract (storage, registration, `tier`, start-up failures and staging prewarm:
+`connector.worker_storage`):
     * `register_kv_caches` derives the page geometry from `kv_cache_tensors`, checks it
-      against the tensors (`connector.geometry`), opens the I/O engine and this rank's page
-      file (growing on demand, or as registered), writes the namespace manifest beside it
-      and registers namespace and rank with the metadata service (retried later if the
-      service is down at start-up).
-    * The cache never stops inference (docs/design.md decision 14): only configuration errors (an
-      unknown KV layout) raise from `register_kv_caches`. A storage failure at start-up
-      (missing or read-only mount, no space, permissions, an unopenable metadata DB)
-      logs one error with the fix and leaves the connector disabled — loads fail fast
-      and are recomputed, saves are dropped — retried every `connector.storage_retry_s`.
-      A save that hits ENOSPC/EIO fails alone (counted by kind, its pages released) and
+      against the tensors (`connector.geometry`), then opens storage and registers this
+      rank (`WorkerStorage`). Only configuration errors (an unknown KV layout) raise
+      from it; a storage failure leaves the connector disabled — loads fail fast and
+      are recomputed, saves are dropped — and is retried off the engine step.
+    * A save that hits ENOSPC/EIO fails alone (counted by kind, its pages released) and
       saves pause for `connector.storage_retry_s`; `ConnectorHealth` records the state
       for `doctor` and Prometheus.
     * Saves: `wait_for_save` gathers each save job's blocks into staging *synchronously*
@@ -40,9 +36,6 @@ Contract:
     * Pages a load found corrupt are dropped from the store (`Tier.invalidate`): inline
       on an asynchronous load's thread; for a synchronous load on a load thread, off
       the engine step; `drain` (and so `wait_for_saves`) also waits for those calls.
-    * After registration a background thread faults in `staging_prewarm_bytes` of
-      staging (one step's worth of pages), so the first save's in-step gather does not
-      pay for fresh memory.
     * Nothing here raises into the engine step: errors are logged and become failed
       blocks or dropped saves, counted in the stats.
     * A request with save jobs is reported in `finished_sending` once vLLM has told us it
@@ -61,24 +54,14 @@ import time
 import weakref
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from hf3fsctl.config import Config
-from hf3fsctl.errors import (
-    ConfigError,
-    Hf3fsctlError,
-    InvalidRequest,
-    NamespaceConflict,
-    NotFound,
-    StorageError,
-    StoreFormatError,
-)
-from hf3fsctl.health import ConnectorHealth
+from hf3fsctl.errors import ConfigError, InvalidRequest, NotFound
 from hf3fsctl.keys import NamespaceManifest
-from hf3fsctl.meta.models import Location, RankFile, WriterInfo
+from hf3fsctl.meta.models import Location, WriterInfo
 from hf3fsctl.staging import (
     KVSegment,
     StagingBuffer,
@@ -88,9 +71,6 @@ from hf3fsctl.staging import (
     scatter_blocks,
     total_page_bytes,
 )
-from hf3fsctl.storage.engine import IOEngine, engine_host_memory
-from hf3fsctl.storage.factory import open_engine
-from hf3fsctl.storage.layout import PageFile, rank_file_name, write_manifest
 from hf3fsctl.tier import LoadTarget, PagePieces, StagingRows, Tier
 
 from .geometry import KVCacheGeometry, kv_segments
@@ -98,6 +78,7 @@ from .jobs import LoadRun, run_load, run_save
 from .metadata import Hf3fsctlConnectorMetadata, LoadJob, SaveJob
 from .service import MetadataGuard
 from .stats import StatsRecorder
+from .worker_storage import WorkerStorage
 
 if TYPE_CHECKING:
     from vllm.v1.kv_cache_interface import KVCacheConfig
@@ -142,8 +123,10 @@ def _tp_rank() -> int:
         return 0
 
 
-class WorkerSide:
+class WorkerSide(WorkerStorage):
     """Executes the transfers of one rank and reports their results.
+
+    Engine, page file, registration and `tier` come from `WorkerStorage`.
 
     `kv_cache` is the engine's `KVCacheConfig` (with `group`, the index of the KV cache
     group this side stores; None: the only one) or, without vLLM, a `KVCacheGeometry`.
@@ -162,36 +145,24 @@ class WorkerSide:
         pool: StagingPool | None = None,
         group: int | None = None,
     ) -> None:
-        self.config = config
-        self.staging_prewarm_bytes = staging_prewarm_bytes  # warmed after registration
-        self.manifest = manifest
-        self.namespace = manifest.namespace_id
-        self.geometry = (
+        geometry = (
             kv_cache
             if isinstance(kv_cache, KVCacheGeometry)
             else KVCacheGeometry.from_vllm(kv_cache, group)
         )
-        self.stats = stats
-        self.rank = _tp_rank() if rank is None else rank
-        self.guard = guard or MetadataGuard(config)
-        # One pool may serve the worker sides of several KV cache groups (`pool`).
-        self.pool = pool if pool is not None else StagingPool(config.connector.staging_bytes)
-        self.segments: list[KVSegment] = []
-        self.page_file: PageFile | None = None
-        self.engine: IOEngine | None = None
-        self._tier: Tier | None = None  # over page_file and engine (rebuilt when they change)
-        self.disabled: str | None = "KV caches not registered yet"  # why no I/O now
-        self.health = ConnectorHealth(
-            role="worker",
-            rank=self.rank,
-            namespace=self.namespace,
-            storage_path=config.storage.path,
+        super().__init__(
+            config,
+            manifest,
+            rank=_tp_rank() if rank is None else rank,
+            guard=guard or MetadataGuard(config),
+            pool=pool if pool is not None else StagingPool(config.connector.staging_bytes),
+            staging_prewarm_bytes=staging_prewarm_bytes,
         )
-        self._storage_retry_at = 0.0  # when to try opening failed storage again
+        self.geometry = geometry
+        self.stats = stats
+        self.segments: list[KVSegment] = []
         self._saves_paused_until = 0.0  # saves skipped after a storage failure
         self._retrying = False  # a background retry of storage/registration is queued
-        self._registered = False
-        self._register_lock = threading.Lock()
         self._cuda = False
         self._save_stream: Any = None
         self._load_stream: Any = None
@@ -265,206 +236,6 @@ class WorkerSide:
             self.guard.url,
             "" if self.disabled is None else f" — DISABLED: {self.disabled}",
         )
-
-    @staticmethod
-    def _describe_file(file: PageFile) -> str:
-        kind = "growing on demand" if file.growable else f"{file.num_pages} pages preallocated"
-        return f"{file.path} ({kind})"
-
-    def _open_storage(self) -> bool:
-        """Open the I/O engine, this rank's page file and manifest; disable on failure.
-
-        Returns:
-            True when storage is open. Never raises a storage error: the connector is
-            disabled instead (logged once with the fix) and tried again later.
-        """
-        storage = self.config.storage
-        root = Path(storage.path)
-        try:
-            if not root.is_dir():
-                # Create the root only inside an existing directory: a missing mount
-                # (its parent gone too) must not turn into a cache on the local disk.
-                if not root.parent.is_dir():
-                    raise StorageError(f"storage path {root} does not exist (nor its parent)")
-                root.mkdir(exist_ok=True)
-                logger.info("created storage root %s", root)
-            if self.engine is None:
-                self.engine = open_engine(
-                    storage.engine,
-                    io_threads=storage.io_threads,
-                    o_direct=storage.o_direct,
-                    root=storage.path,
-                )
-                # USRBIO: staging buffers inside its iov, so a page is copied only once.
-                self.pool.use_host_memory(engine_host_memory(self.engine))
-            if self.page_file is None:
-                if storage.preallocate:
-                    self.page_file = PageFile.create(
-                        root,
-                        self.namespace,
-                        self.rank,
-                        self.manifest.page_bytes,
-                        storage.file_size,
-                    )
-                else:
-                    self.page_file = PageFile.create_growable(
-                        root, self.namespace, self.rank, self.manifest.page_bytes
-                    )
-            write_manifest(root, self.manifest)
-        except (StorageError, OSError) as exc:
-            message = exc.message if isinstance(exc, StorageError) else str(exc)
-            fix = f"check that {root} is mounted, writable and has free space"
-            if isinstance(exc, StorageError) and message.startswith("storage.engine"):
-                fix = exc.hint  # an engine that cannot work here: say how to pick another
-            self._disable(
-                f"storage unusable: {message}",
-                f"{fix} (`hf3fsctl doctor`); the connector retries by itself",
-            )
-            return False
-        return True
-
-    def _disable(self, reason: str, fix: str) -> None:
-        self.disabled = reason
-        self._storage_retry_at = time.monotonic() + self.config.connector.storage_retry_s
-        self.health.disable(reason, fix)
-
-    def retry_storage(self) -> bool:
-        """Try a failed start-up again once its back-off passed (from save threads)."""
-        if self.disabled is None:
-            return True
-        if time.monotonic() < self._storage_retry_at:
-            return False
-        with self._register_lock:
-            if self.disabled is None:
-                return True
-            self._storage_retry_at = time.monotonic() + self.config.connector.storage_retry_s
-        if self.page_file is None and not self._open_storage():
-            return False
-        return self.ensure_registered()
-
-    def _prewarm_staging(self) -> None:
-        """Fault in one step's worth of staging now, not in the first save's step."""
-        nbytes = min(self.staging_prewarm_bytes, self.pool.capacity_bytes)
-        started = time.monotonic()
-        try:
-            warmed = self.pool.prewarm(nbytes)
-        except Exception as exc:  # an optimisation only
-            logger.warning("staging prewarm of %d MiB failed: %s", nbytes >> 20, exc)
-            return
-        logger.debug(
-            "staging prewarm of %d MiB: %s in %.2f s",
-            nbytes >> 20,
-            "done" if warmed else "skipped (over capacity)",
-            time.monotonic() - started,
-        )
-
-    def ensure_registered(self) -> bool:
-        """Register namespace and rank file with the service (once); False if it is down.
-
-        A rank already registered (by `hf3fsctl init --preallocate`, or a store from an
-        older version) keeps its registration: this rank's file is reopened as it says.
-        """
-        if self._registered:
-            return True
-        if self.page_file is None:
-            return False
-        with self._register_lock:
-            if self._registered:
-                return True
-            try:
-                info = self.guard.call(
-                    lambda c: c.register_namespace(self.namespace, self.manifest.to_dict())
-                )
-                registered = next((f for f in info.rank_files if f.rank == self.rank), None)
-                if registered is not None:
-                    self._adopt(registered)
-                rank_file = self._rank_file()
-                self.guard.call(lambda c: c.register_rank(self.namespace, rank_file))
-            except NamespaceConflict as exc:
-                self._disable(
-                    f"namespace conflict: {exc.message}",
-                    "the store holds this namespace with another geometry; see `hf3fsctl "
-                    "stats`, or remove the stale namespace with `hf3fsctl evict --stale`",
-                )
-                return False
-            except (StorageError, OSError) as exc:
-                self._disable(
-                    f"page file unusable: {exc}", "check the storage with `hf3fsctl doctor`"
-                )
-                return False
-            except StoreFormatError as exc:  # newer store, or an older one not migrated
-                self._disable(exc.message, f"{exc.hint}; the connector retries by itself")
-                return False
-            except Hf3fsctlError as exc:
-                logger.warning("registering rank %d deferred: %s", self.rank, exc)
-                return False
-            except Exception as exc:  # e.g. an embedded DB on a read-only mount
-                self._disable(
-                    f"metadata store unusable: {type(exc).__name__}: {exc}",
-                    f"check metadata.url ({self.guard.url}) with `hf3fsctl doctor`",
-                )
-                return False
-            self._registered = True
-            self.disabled = None
-            if self.health.state != "ok":
-                self.health.recover()
-            self.health.publish()
-            return True
-
-    def _rank_file(self) -> RankFile:
-        file = self.page_file
-        assert file is not None
-        return RankFile(
-            rank=self.rank,
-            path=file.relpath,
-            page_bytes=file.page_bytes,
-            slot_bytes=file.slot_bytes,
-            num_pages=file.num_pages,
-            preallocated=not file.growable,
-        )
-
-    def _adopt(self, registered: RankFile) -> None:
-        """Reopen this rank's page file as the store registered it (fixed or growing)."""
-        current = self._rank_file()
-        if registered == current:
-            return
-        if registered.path != rank_file_name(self.namespace, self.rank):
-            return  # a conflict: register_rank reports it
-        root = self.config.storage.path
-        if registered.preallocated:
-            reopened = PageFile.open(
-                root, registered.path, registered.page_bytes, registered.num_pages
-            )
-        else:
-            reopened = PageFile.create_growable(
-                root, self.namespace, self.rank, registered.page_bytes
-            )
-        old, self.page_file = self.page_file, reopened
-        if old is not None:
-            old.close()
-
-    @property
-    def tier(self) -> Tier | None:
-        """This rank's pages as a `Tier` (None until the page file and engine are open).
-
-        Releases go to the client even while the guard has the service marked down: the
-        store reclaims what they miss only after the allocations' deadline.
-        """
-        file, engine = self.page_file, self.engine
-        if file is None or engine is None:
-            return None
-        tier = self._tier
-        if tier is None or tier.page_file is not file or tier.engine is not engine:
-            tier = self._tier = Tier(
-                self.namespace,
-                self.rank,
-                file,
-                engine,
-                self.guard.call,
-                self.pool,
-                release_call=lambda fn: fn(self.guard.client()),
-            )
-        return tier
 
     # --- saves ---------------------------------------------------------------------
 
