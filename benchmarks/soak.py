@@ -8,7 +8,7 @@ Starts `hf3fsctl serve` (a token, loopback, a bounded store: `--capacity-pages` 
 (`hf3fsctl.bench.metadata.measure`) *at once* for the whole duration: 8 client processes
 doing allocate + commit of 64 keys (evicting), 4 doing lookups of 1,000 keys, 4 locating
 64 — 16 clients. Every `--sample-s` seconds it records the server's RSS and open file
-descriptors, and the database's size (each SQLite connection caches up to 32 MiB of it,
+descriptors, and the database's size (each SQLite connection caches up to 2 MiB of it,
 so RSS may grow towards that while the file does). It prints and writes one JSON
 document: per operation the calls, failed and unfinished calls, ops/s and latency
 percentiles; the samples; and the least-squares slope of RSS (bytes/min) and fds (per
