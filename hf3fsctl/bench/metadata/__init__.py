@@ -56,7 +56,7 @@ from hf3fsctl.bench.metadata.cells import cutoff_s, measure
 from hf3fsctl.bench.metadata.fleet import FLEET_MODES, FleetSettings, run_fleet
 from hf3fsctl.bench.metadata.processes import rss_bytes
 from hf3fsctl.bench.metadata.run import run
-from hf3fsctl.bench.metadata.scale import SCALE_MODES, ScaleSettings, run_scale
+from hf3fsctl.bench.metadata.scale import run_scale
 from hf3fsctl.bench.metadata.settings import (
     FULL_GOAL,
     FULL_OPS,
@@ -64,7 +64,9 @@ from hf3fsctl.bench.metadata.settings import (
     OP_LABELS,
     OPS,
     PAGE_BYTES,
+    SCALE_MODES,
     MetadataSettings,
+    ScaleSettings,
 )
 from hf3fsctl.bench.metadata.stores import (
     StoreSpec,

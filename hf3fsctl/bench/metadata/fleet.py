@@ -34,7 +34,8 @@ from pathlib import Path
 from typing import Any
 
 from hf3fsctl.bench import report
-from hf3fsctl.bench.metadata.scale import ScaleSettings, run_scale
+from hf3fsctl.bench.metadata.scale import run_scale
+from hf3fsctl.bench.metadata.settings import ScaleSettings
 from hf3fsctl.errors import InvalidRequest
 
 FLEET_MODES = ("serve", "redis", "in-tree")

@@ -125,3 +125,68 @@ class MetadataSettings:
             raise InvalidRequest("no mode to measure: give embedded and/or serve, or --url")
         if self.workers < 1:
             raise InvalidRequest(f"workers must be at least 1, got {self.workers}")
+
+
+SCALE_MODES = ("embedded", "serve", "redis", "in-tree")
+
+
+# (name, operation, keys per call) of each cell, in order: see the module docstring.
+SCALE_CELLS = (("lookup", "lookup_spread", LOOKUP_KEYS), ("save", "full_1ns", BATCH))
+
+
+@dataclass(frozen=True)
+class ScaleSettings:
+    """What one `bench metadata --entries N[,N…]` run measures.
+
+    Attributes:
+        entries: the store sizes N (each store full at N: capacity N pages).
+        modes: of `SCALE_MODES`.
+        clients: client processes of each cell.
+        seconds: timed window of each cell.
+        workers: server processes of each `serve`.
+        directory: where the work directory is made.
+        keep: leave the work directory behind.
+        cells: (name, operation, keys per call) of the cells at each N (`--fleet`
+            measures its routes with its own).
+    """
+
+    entries: tuple[int, ...] = (100_000, 1_000_000)
+    modes: tuple[str, ...] = SCALE_MODES
+    clients: int = 2
+    seconds: float = 3.0
+    workers: int = 1
+    directory: Path | None = None
+    keep: bool = False
+    cells: tuple[tuple[str, str, int], ...] = SCALE_CELLS
+
+    @classmethod
+    def quick(cls, **overrides: Any) -> ScaleSettings:
+        """Small stores, short cells."""
+        base: dict[str, Any] = {"entries": (10_000, 50_000), "seconds": 0.5}
+        base.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**base)
+
+    def check(self) -> None:
+        """Refuse settings that cannot run.
+
+        Raises:
+            InvalidRequest: naming the setting.
+        """
+        if not self.entries or min(self.entries) < LOOKUP_KEYS + BATCH:
+            raise InvalidRequest(
+                f"--entries: every size must be at least {LOOKUP_KEYS + BATCH}, "
+                f"got {list(self.entries)}"
+            )
+        if max(self.entries) > 100_000_000:
+            raise InvalidRequest(f"--entries: at most 10^8, got {max(self.entries):,}")
+        for mode in self.modes:
+            if mode not in SCALE_MODES:
+                raise InvalidRequest(
+                    f"--mode {mode!r} has no full-store scale run; one of {', '.join(SCALE_MODES)}"
+                )
+        if not self.modes:
+            raise InvalidRequest("--mode: no mode to measure")
+        if not 1 <= self.clients <= 256:
+            raise InvalidRequest(f"--clients must be in 1..256, got {self.clients}")
+        if not 0 < self.seconds <= 3600:
+            raise InvalidRequest(f"--seconds must be in (0, 3600], got {self.seconds}")
