@@ -7,8 +7,8 @@ socket in `ENGINE_ZYGOTE_SOCKET`; `runner.run_engine` then asks it for each run 
 can take (`eligible`). The zygote only imports: no engine, no connector module, no torch
 op (GNU OpenMP's pool is not fork-safe once started, so it must not start here). The
 forked child builds the engine and runs the spec exactly as the fresh process does
-(`runner._main`), with the run's environment, working directory, and its output in files,
-so it is still a fresh process to the store. Opt-in only: nothing outside the test suite
+(the runner's `__main__`, as `python -m` runs it), with the run's environment, working
+directory, and its output in files, so it is still a fresh process to the store. Opt-in only: nothing outside the test suite
 sets the variable, and a run the zygote cannot take, or a zygote that is gone, falls back
 to the fresh start.
 
@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import os
+import runpy
 import signal
 import socket
 import subprocess
@@ -201,10 +202,10 @@ def _child(request: dict[str, Any]) -> None:
             os.dup2(fd, target)
             os.close(fd)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        # Run the runner as `python -m` would (its `__main__` block), not by importing
+        # it: the runner imports this module, and a fresh process never had it imported.
         sys.argv = ["hf3fsctl.vllm_tools.runner", *request["argv"]]
-        from hf3fsctl.vllm_tools import runner
-
-        runner._main(request["argv"])
+        runpy.run_module("hf3fsctl.vllm_tools.runner", run_name="__main__", alter_sys=True)
         code = 0
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else 1
