@@ -14,7 +14,9 @@ from __future__ import annotations
 import math
 import os
 import platform
+import tempfile
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 from hf3fsctl.errors import InvalidRequest
@@ -141,3 +143,11 @@ def size_label(num_bytes: int) -> str:
         if num_bytes >= size and num_bytes % size == 0:
             return f"{num_bytes // size} {unit}"
     return f"{num_bytes} B"
+
+
+def work_directory(directory: str | Path | None, name: str) -> Path:
+    """A fresh `hf3fsctl-bench-NAME-*` directory under `directory` (made if missing), or
+    under the system's temporary directory."""
+    parent = Path(directory) if directory else Path(tempfile.gettempdir())
+    parent.mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix=f"hf3fsctl-bench-{name}-", dir=parent))

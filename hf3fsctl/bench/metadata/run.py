@@ -11,7 +11,6 @@ import contextlib
 import dataclasses
 import secrets
 import shutil
-import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -90,9 +89,7 @@ def run(
     ops = _ordered(settings.ops)
     run_id = secrets.token_hex(4)
     tag = f"bench-{run_id}"
-    parent = Path(settings.directory) if settings.directory else Path(tempfile.gettempdir())
-    parent.mkdir(parents=True, exist_ok=True)
-    workdir = Path(tempfile.mkdtemp(prefix="hf3fsctl-bench-metadata-", dir=parent))
+    workdir = report.work_directory(settings.directory, "metadata")
     started = time.monotonic()
     modes: list[dict[str, Any]] = []
     rows: list[dict[str, Any]] = []

@@ -49,7 +49,6 @@ import contextlib
 import dataclasses
 import secrets
 import shutil
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -89,9 +88,7 @@ def run_scale(
     say = progress or (lambda message: None)
     run_id = secrets.token_hex(4)
     tag = f"bench-{run_id}"
-    parent = Path(settings.directory) if settings.directory else Path(tempfile.gettempdir())
-    parent.mkdir(parents=True, exist_ok=True)
-    workdir = Path(tempfile.mkdtemp(prefix="hf3fsctl-bench-scale-", dir=parent))
+    workdir = report.work_directory(settings.directory, "scale")
     started = time.monotonic()
     results: list[dict[str, Any]] = []
     skipped: dict[str, str] = {}
