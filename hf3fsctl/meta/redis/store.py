@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import json
 import logging
-import threading
 from collections.abc import Callable, Sequence
 from multiprocessing import util as mp_util
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -34,7 +33,6 @@ from pydantic import TypeAdapter
 
 from hf3fsctl.config.units import parse_amount
 from hf3fsctl.errors import (
-    Hf3fsctlError,
     MetadataUnavailable,
     NotFound,
     StoreFormatError,
@@ -61,10 +59,9 @@ from hf3fsctl.meta.models import (
 from hf3fsctl.meta.policy import StorePolicy
 from hf3fsctl.meta.redis import reports
 from hf3fsctl.meta.redis.connection import call, load_scripts, redis_client
+from hf3fsctl.meta.redis.lookup_hits import LookupHits
 
 if TYPE_CHECKING:
-    from redis.commands.core import Script
-
     from hf3fsctl.config.urls import MetadataUrl
 
 logger = logging.getLogger(__name__)
@@ -94,44 +91,6 @@ def walked_no_further(walked: dict[str, int], args: Sequence[Any]) -> bool:
     (nothing evicted, nothing passed): no further batch can do more."""
     before = {str(args[i]): int(args[i + 1]) for i in range(10, len(args), 2)}
     return all(before.get(ns, 0) == offset for ns, offset in walked.items())
-
-
-class _LookupHits:
-    """Hits of this process's lookups not yet counted in Redis (they are known only once
-    a lookup answered, so they ride along with the next one). Apart from the store, so
-    the exit-time flush holds no reference to it."""
-
-    def __init__(self, script: Script, prefix: str, where: str) -> None:
-        self.script = script
-        self.prefix = prefix
-        self.where = where
-        self.pending: dict[str, int] = {}
-        self.lock = threading.Lock()
-
-    def take(self) -> dict[str, int]:
-        """The pending hits, now the caller's to count."""
-        with self.lock:
-            pending, self.pending = self.pending, {}
-        return pending
-
-    def add(self, hits: dict[str, int]) -> None:
-        """Hits to count later."""
-        with self.lock:
-            for ns, count in hits.items():
-                self.pending[ns] = self.pending.get(ns, 0) + count
-
-    def count(self) -> None:
-        """Count the pending hits now; a failure is logged (those hits are lost)."""
-        pending = self.take()
-        if not pending:
-            return
-        args: list[Any] = ["", 0]
-        for ns, hits in pending.items():
-            args += [ns, hits]
-        try:
-            call(lambda: self.script(keys=[self.prefix], args=args), self.where, idempotent=False)
-        except Hf3fsctlError as exc:
-            logger.warning("Redis store %s: lookup hits not counted: %s", self.where, exc)
 
 
 class RedisMetadataStore(StoreCore):
@@ -180,7 +139,7 @@ class RedisMetadataStore(StoreCore):
         self._redis = redis_client(target, timeout_s=timeout_s, token=token, ca_file=ca_file)
         self._cluster = target.scheme == "redis+cluster"
         self._scripts = load_scripts(self._redis)
-        self._hits = _LookupHits(self._scripts["count_lookup"], prefix, self.url)
+        self._hits = LookupHits(self._scripts["count_lookup"], prefix, self.url)
         # A process that only looks up (the connector's scheduler) may exit without
         # `close`: count its last hits then too, as the embedded client flushes its
         # counters (multiprocessing's Finalize also runs in vLLM's EngineCore children).
