@@ -24,6 +24,8 @@ from typing import Any
 import pytest
 from e2e_scenario import BLOCK, DTYPE, RUN_TIMEOUT_S
 
+from hf3fsctl.config import load_config
+from hf3fsctl.meta.client import connect
 from hf3fsctl.vllm_tools.runner import EngineResult, EngineRun, run_engine
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -232,17 +234,21 @@ def test_warm_interrupted_leaves_valid_entries_and_a_rerun_completes(
         stderr=subprocess.PIPE,
         text=True,
     )
+    # The store is polled in this process (a read-only SQLite store, no CLI start-up per
+    # poll), so the interrupt lands within ~0.1 s of the first committed key, well before
+    # the warm ends even on a loaded machine.
+    store = connect(load_config(config), read_only=True)
     try:
         deadline = time.monotonic() + RUN_TIMEOUT_S
         while time.monotonic() < deadline and child.poll() is None:
-            stats = cli_json("stats", "--config", str(config))
-            if any(ns["keys"] > 0 for ns in stats["namespaces"]):
+            if any(ns.keys > 0 for ns in store.stats().namespaces):
                 break
-            time.sleep(0.5)
+            time.sleep(0.1)
         assert child.poll() is None, "warm ended before it could be interrupted"
         child.send_signal(signal.SIGINT)
         out, err = child.communicate(timeout=RUN_TIMEOUT_S)
     finally:
+        store.close()
         if child.poll() is None:
             child.kill()
     assert child.returncode == 130, err[-3000:]

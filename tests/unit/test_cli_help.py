@@ -55,7 +55,12 @@ def test_help_names_option_values_in_words_not_typer_types(command: str) -> None
 
 
 def test_show_completion_prints_a_bash_script() -> None:
-    done = _hf3fsctl("--show-completion", "bash", env={"SHELL": "/bin/bash"})
+    # Typer makes `--show-completion` a bare flag that detects the shell from the process
+    # tree (shellingham), which depends on what started pytest; its own switch
+    # `_TYPER_COMPLETE_TEST_DISABLE_SHELL_DETECTION` makes it take the shell named.
+    done = _hf3fsctl(
+        "--show-completion", "bash", env={"_TYPER_COMPLETE_TEST_DISABLE_SHELL_DETECTION": "1"}
+    )
     assert done.returncode == 0, done.stderr
     assert "complete -o default -F _hf3fsctl_completion hf3fsctl" in done.stdout
     assert "_HF3FSCTL_COMPLETE=complete_bash" in done.stdout
