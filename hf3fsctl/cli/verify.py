@@ -31,12 +31,13 @@ from hf3fsctl.cli.options import (
     NamespaceOpt,
     PromptsOpt,
 )
-from hf3fsctl.cli.prompt_set import read_prompt_set, show_candidates
+from hf3fsctl.cli.prompt_set import read_prompt_set
 from hf3fsctl.cli.warm import (
     EngineArgOpt,
     EngineArgsFileOpt,
     FlagDtypeOpt,
     engine_args_of,
+    plan_or_show_candidates,
     quiet_vllm_logs,
 )
 
@@ -78,10 +79,7 @@ def verify(
     from hf3fsctl.config import parse_size
     from hf3fsctl.config.connector import kv_transfer_config
     from hf3fsctl.offline.engine_args import engine_options
-    from hf3fsctl.offline.namespaces import AmbiguousNamespace
     from hf3fsctl.offline.verify import fix_pages, run_verify, stored_items
-    from hf3fsctl.offline.warm import plan_warm
-    from hf3fsctl.prompt_keys import load_tokenizer
     from hf3fsctl.storage.factory import open_engine
 
     cfg = context.load(ctx, config)
@@ -96,13 +94,7 @@ def verify(
     options = engine_options(model, args)
     items, problems = read_prompt_set(prompts, prompt, format)
     with context.open_client(cfg) as client:
-        try:
-            plan = plan_warm(
-                client, load_tokenizer(model), items, problems, options, namespace=namespace
-            )
-        except AmbiguousNamespace as exc:
-            show_candidates(exc)
-            raise
+        plan = plan_or_show_candidates(client, model, items, problems, options, namespace)
         document: dict[str, Any] = {"engine_args": args.to_dict()}
         if not stored_items(plan):
             document["message"] = "nothing of these prompts is stored: nothing to verify"

@@ -76,6 +76,24 @@ def engine_args_of(
     )
 
 
+def plan_or_show_candidates(
+    client: Any, model: str, items: Any, problems: Any, options: Any, namespace: str | None
+) -> Any:
+    """warm's plan of a prompt set (for warm and verify); when several namespaces fit,
+    they are listed before `AmbiguousNamespace` goes on to the error mapping."""
+    from hf3fsctl.offline.namespaces import AmbiguousNamespace
+    from hf3fsctl.offline.warm import plan_warm
+    from hf3fsctl.prompt_keys import load_tokenizer
+
+    try:
+        return plan_warm(
+            client, load_tokenizer(model), items, problems, options, namespace=namespace
+        )
+    except AmbiguousNamespace as exc:
+        show_candidates(exc)
+        raise
+
+
 def _plan_rows(summary: dict[str, Any]) -> dict[str, Any]:
     from hf3fsctl.config import format_size
 
@@ -136,9 +154,6 @@ def warm(
     """Prefill prompts into the cache (vLLM offline, one output token), skipping what is cached."""
     from hf3fsctl.config import parse_size
     from hf3fsctl.offline.engine_args import engine_options
-    from hf3fsctl.offline.namespaces import AmbiguousNamespace
-    from hf3fsctl.offline.warm import plan_warm
-    from hf3fsctl.prompt_keys import load_tokenizer
 
     cfg = context.load(ctx, config)
     flags = {
@@ -155,12 +170,7 @@ def warm(
     options = engine_options(model, args)
     items, problems = read_prompt_set(prompts, prompt, format)
     with context.open_client(cfg) as client:
-        tokenizer = load_tokenizer(model)
-        try:
-            plan = plan_warm(client, tokenizer, items, problems, options, namespace=namespace)
-        except AmbiguousNamespace as exc:
-            show_candidates(exc)
-            raise
+        plan = plan_or_show_candidates(client, model, items, problems, options, namespace)
         for item in plan.by_status("too_long"):
             output.warning(
                 f"{item.origin}: {item.tokens} tokens, longer than max_model_len "
