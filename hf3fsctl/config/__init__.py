@@ -10,7 +10,8 @@ The file is found by `find_config_file`: an explicit path, else `$HF3FSCTL_CONFI
 
 The schema is frozen pydantic models, one per section (`StorageConfig`, …), that forbid
 unknown keys. Every bad value raises `ConfigError` naming the key, the value and the fix.
-Sizes accept plain bytes or units (`64GiB`, `512MiB`, `4k`); durations are seconds.
+Sizes accept plain bytes or units (`64GiB`, `512MiB`, `4k`); durations are seconds or
+`90s`, `5m`, `1h`, `7d`.
 
 Rooms: `units` (sizes and shares), `urls` (`MetadataUrl`, the one URL parser), `schema`
 (the pydantic models and their error wording), `loader` (files, environment, layering,
@@ -37,11 +38,18 @@ from hf3fsctl.config.schema import (
     ConfigSection,
     ConnectorConfig,
     MetadataConfig,
+    RetentionConfig,
     ServerConfig,
     StorageConfig,
     config_keys,
 )
-from hf3fsctl.config.units import Amount, format_size, parse_amount, parse_size
+from hf3fsctl.config.units import (
+    Amount,
+    format_size,
+    parse_amount,
+    parse_duration,
+    parse_size,
+)
 from hf3fsctl.config.urls import MetadataUrl
 
 __all__ = [
@@ -57,6 +65,7 @@ __all__ = [
     "ConnectorConfig",
     "MetadataConfig",
     "MetadataUrl",
+    "RetentionConfig",
     "ServerConfig",
     "StorageConfig",
     "build_config",
@@ -67,6 +76,7 @@ __all__ = [
     "format_size",
     "load_config",
     "parse_amount",
+    "parse_duration",
     "parse_size",
     "read_yaml",
 ]

@@ -29,7 +29,7 @@ from pydantic import (
 )
 from pydantic.fields import FieldInfo
 
-from hf3fsctl.config.units import parse_amount, parse_size
+from hf3fsctl.config.units import parse_amount, parse_duration, parse_size
 from hf3fsctl.config.urls import MetadataUrl
 from hf3fsctl.errors import ConfigError
 
@@ -80,6 +80,8 @@ def coerce_value(key: str, info: FieldInfo, value: Any) -> Any:
     kind = _kind(info)
     if kind == "size":
         return parse_size(value, key)
+    if kind == "duration":
+        return parse_duration(value, key)
     if kind == "amount":
         result = str(parse_amount(value, key)) if not isinstance(value, str) else value.strip()
         parse_amount(result, key)
@@ -322,6 +324,31 @@ class ConnectorConfig(ConfigSection):
         "`hf3fsctl verify` only: keep the pages a save would write in memory; load "
         "nothing, save nothing",
     )
+    store_after_hits: int = _field(
+        0,
+        "admission: save a block only once its key has been seen this many times, "
+        "counted in the store across engines (0 or 1 = save every block)",
+        ge=0,
+        le=1_000_000,
+    )
+
+
+class RetentionConfig(ConfigSection):
+    """How long saved entries live (the store's expiry; a request's `retention` wins)."""
+
+    section: ClassVar[str] = "retention"
+
+    default: float | None = _field(
+        None,
+        "expiry of every saved entry, counted from its commit: seconds or 90s, 5m, 1h, "
+        "7d (null = entries never expire; a request's kv_transfer_params retention wins)",
+        kind="duration",
+    )
+    renew_on_read: bool = _field(
+        False,
+        "a load of an entry with an expiry moves the expiry to then + its retention "
+        "(off: reads never extend an expiry)",
+    )
 
 
 def _check_quotas(quotas: Mapping[str, Any]) -> dict[str, str]:
@@ -345,6 +372,7 @@ class Config(BaseModel):
     metadata: MetadataConfig = Field(default_factory=MetadataConfig)
     server: ServerConfig = Field(default_factory=ServerConfig)
     connector: ConnectorConfig = Field(default_factory=ConnectorConfig)
+    retention: RetentionConfig = Field(default_factory=RetentionConfig)
     # Namespace id or model name → most bytes it may hold (a size, or a share of the
     # store's capacity). A model's quota covers all of its namespaces together.
     quotas: dict[str, str] = Field(default_factory=dict)
@@ -442,6 +470,7 @@ SECTIONS: dict[str, type[ConfigSection]] = {
     "metadata": MetadataConfig,
     "server": ServerConfig,
     "connector": ConnectorConfig,
+    "retention": RetentionConfig,
 }
 
 

@@ -1,11 +1,13 @@
-"""Sizes and shares as people write them: `64GiB`, `512 MiB`, `4k`, plain bytes, `50%`.
+"""Sizes, shares and durations as people write them: `64GiB`, `4k`, `50%`, `5m`, `1h`.
 
 Contract: every parser raises `ConfigError` naming the key and the accepted forms; a bare
-number is bytes everywhere (config keys, `--capacity`, `bench --sizes`).
+number is bytes everywhere (config keys, `--capacity`, `bench --sizes`) and seconds for
+a duration (`retention.default`, a request's `retention`).
 """
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 
@@ -49,6 +51,35 @@ def parse_size(value: object, key: str = "size") -> int:
             f"{key}: {value!r} is not a size; use bytes or a unit like 64GiB, 512MiB, 4k"
         )
     return int(float(match.group(1)) * _SIZE_UNITS[unit])
+
+
+_DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$")
+_DURATION_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+# The longest duration taken: 100 years (a store's expiry fields hold far more).
+MAX_DURATION_S = 100 * 365 * 86400.0
+
+
+def parse_duration(value: object, key: str = "duration") -> float:
+    """Parse seconds (`90`, `2.5`) or `90s`, `5m`, `1h`, `7d`, `1w` into seconds (> 0).
+
+    Raises:
+        ConfigError: naming `key` when the value is not a positive duration of at most
+            `MAX_DURATION_S`.
+    """
+    if isinstance(value, bool):
+        raise ConfigError(f"{key}: {value!r} is not a duration; use seconds or 90s, 5m, 1h, 7d")
+    if isinstance(value, (int, float)):
+        seconds = float(value)
+    else:
+        match = _DURATION_RE.match(str(value).lower())
+        if match is None:
+            raise ConfigError(f"{key}: {value!r} is not a duration; use seconds or 90s, 5m, 1h, 7d")
+        seconds = float(match.group(1)) * _DURATION_UNITS[match.group(2)]
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise ConfigError(f"{key}: {value!r} is not a positive duration")
+    if seconds > MAX_DURATION_S:
+        raise ConfigError(f"{key}: {value!r} is longer than 100 years")
+    return seconds
 
 
 _SHARE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*%\s*$")
