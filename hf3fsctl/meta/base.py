@@ -6,7 +6,9 @@ for both alike:
 
 - validation: key batches (`require_keys`, skipped for `CheckedKeys` a request model
   already checked), namespace ids, ranks' page numbers, watermarks, capacity values,
-  eviction criteria, pin TTLs and the pin limit's error (`pin_limit_error`);
+  eviction criteria, pin TTLs and the pin limit's error (`pin_limit_error`), commit
+  retentions (`check_retention`), `admit`'s threshold (`after_hits <= 1` answers every
+  key True without a primitive call) and its duplicate keys;
 - the allocate loop: duplicate keys collapsed to their first depth, then up to
   `ALLOCATE_ATTEMPTS` primitive allocations — an allocation refused for space that is
   being given back (this call's marks, or another writer's) punches its marks
@@ -35,6 +37,7 @@ from hf3fsctl.errors import InvalidRequest, NotFound
 from hf3fsctl.keys import check_keys, check_namespace_id, namespace_id
 from hf3fsctl.meta.giveback import GiveBack, HolePuncher
 from hf3fsctl.meta.models import (
+    INT_MAX,
     MAX_WRITER_SETTINGS,
     AllocateResult,
     Allocation,
@@ -74,6 +77,15 @@ def require_keys(keys: Sequence[str]) -> None:
     """`check_keys`, unless a request model already did (`CheckedKeys`)."""
     if not isinstance(keys, CheckedKeys):
         check_keys(keys)
+
+
+def check_retention(retention_s: float) -> None:
+    """A retention is a positive, finite number of seconds (what `CommitItem` declares;
+    checked again for items built with `model_construct`)."""
+    if not (isinstance(retention_s, int | float) and 0 < retention_s <= INT_MAX / 1000):
+        raise InvalidRequest(
+            f"retention_s must be a positive number of seconds, got {retention_s!r}"
+        )
 
 
 def check_watermarks(low: float, high: float) -> None:
@@ -211,6 +223,10 @@ class StoreCore:
         raise NotImplementedError
 
     def _invalidate(self, namespace: str, rank: int, triples: list[tuple[str, int, str]]) -> int:
+        raise NotImplementedError
+
+    def _admit(self, namespace: str, keys: list[str], after_hits: int) -> list[bool]:
+        """One sighting of each of `keys` (distinct); whether each is now admitted."""
         raise NotImplementedError
 
     def _evict(self, request: EvictRequest) -> EvictResult:
@@ -432,6 +448,11 @@ class StoreCore:
         if not items:
             return 0
         check_namespace_id(namespace)
+        for item in items:
+            if item.retention_s is not None:
+                check_retention(item.retention_s)
+            elif item.renew_on_read:
+                raise InvalidRequest(f"key {item.key}: renew_on_read needs a retention_s")
         return self._commit(namespace, rank, items)
 
     def release(self, namespace: str, rank: int, allocations: Sequence[Allocation]) -> int:
@@ -467,6 +488,25 @@ class StoreCore:
                 rank,
             )
         return dropped
+
+    def admit(self, namespace: str, keys: Sequence[str], after_hits: int) -> list[bool]:
+        """Record one sighting of each key; per key, whether it has now been seen at least
+        `after_hits` times (`after_hits <= 1`: every key, nothing recorded).
+
+        A key repeated in `keys` is one sighting, and answered alike at each position.
+
+        Raises:
+            NotFound: the namespace is not registered.
+        """
+        require_keys(keys)
+        check_namespace_id(namespace)
+        if isinstance(after_hits, bool) or not isinstance(after_hits, int):
+            raise InvalidRequest(f"after_hits must be an integer, got {after_hits!r}")
+        if after_hits <= 1:
+            return [True] * len(keys)
+        unique = list(dict.fromkeys(keys))
+        admitted = dict(zip(unique, self._admit(namespace, unique, after_hits), strict=True))
+        return [admitted[key] for key in keys]
 
     # --- admin ------------------------------------------------------------------------
 

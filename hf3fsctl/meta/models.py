@@ -147,13 +147,25 @@ class AllocateResult(_Model):
     no_space: list[Key]
 
 
+# A retention is a positive, finite number of seconds, at most ~285 years (INT_MAX ms).
+Retention = Annotated[float, Field(gt=0, le=INT_MAX / 1000, allow_inf_nan=False)]
+
+
 class CommitItem(_Model):
-    """A written page: the allocation plus the checksum of what was written."""
+    """A written page: the allocation plus the checksum of what was written.
+
+    `retention_s` gives the entry an expiry (commit time + retention): once it passes, the
+    entry is absent for `lookup` and `locate` and the first to go in every eviction (a pin
+    still keeps it from eviction, not from expiring). `renew_on_read`: each `locate` of
+    the entry moves its expiry to then + `retention_s`; other reads never extend it.
+    """
 
     key: Key
     page: Page
     checksum: str = Field(min_length=1, max_length=64)
     size: Size
+    retention_s: Retention | None = None  # None: the entry never expires
+    renew_on_read: bool = False  # a locate renews the expiry (needs retention_s)
 
 
 class InvalidateItem(_Model):
@@ -234,6 +246,9 @@ class NamespaceStats(_Model):
     last_access: float | None  # newest entry access
     last_used: float  # registration, lookups or loads, whichever is newest
     evicted: dict[str, list[int]] = Field(default_factory=dict)  # reason → [keys, bytes]
+    admission_skipped: int = 0  # keys `admit` answered False (seen fewer than after_hits)
+    expiring_keys: int = 0  # keys held whose entries have an expiry (retention_s)
+    expired_keys: int = 0  # … of those, expired now (absent for lookups; evicted first)
 
 
 class StoreStats(_Model):
@@ -383,6 +398,7 @@ class EntryInfo(_Model):
     last_access: float
     hits: int
     pinned: bool = False
+    expires_at: float | None = None  # when the entry expires (None: never)
 
 
 class Change(_Model):
@@ -498,6 +514,18 @@ class AllocateRequest(_Model):
     rank: Rank
     keys: BlockKeys
     first_depth: Annotated[int, Field(ge=0, le=INT_MAX), WholeNumber] = 0  # position of keys[0]
+
+
+class AdmitRequest(_Model):
+    """Record one sighting of each key; a key is admitted once seen `after_hits` times."""
+
+    namespace: NamespaceId
+    keys: BlockKeys
+    after_hits: Annotated[int, Field(ge=0, le=INT_MAX), WholeNumber]
+
+
+class AdmitResponse(_Model):
+    admitted: list[bool]  # per key: seen at least after_hits times now
 
 
 class CommitRequest(_Model):

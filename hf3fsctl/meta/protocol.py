@@ -2,7 +2,7 @@
 
 | protocol | calls | who uses it |
 | --- | --- | --- |
-| `DataPath` | `register_namespace`, `register_rank`, `lookup`, `locate`, `allocate`, `commit`, `release`, `invalidate`, `health`, `close` | the connector and `Tier` (every request) |
+| `DataPath` | `register_namespace`, `register_rank`, `lookup`, `locate`, `allocate`, `commit`, `release`, `invalidate`, `admit`, `health`, `close` | the connector and `Tier` (every request) |
 | `ChangeFeed` | `changes` | the connector's KV events |
 | `Registry` | `get_namespace`, `namespaces`, `drop_namespaces`, `record_writer`, `writers` | `ls`, `evict --stale`, `warm`, the connector's writer record |
 | `Admin` | `evict`, `stats`, `list_entries`, `capacity`, `set_capacity`, `pin`, `unpin`, `list_pins` | the CLI, the bench |
@@ -22,7 +22,24 @@ None restates these signatures' contract; it is here:
   could be freed. May evict LRU entries (chain tails first) above the high watermark
   (where: docs/design.md, "Eviction").
 - `commit(ns, rank, items)` → pending → committed with checksums; only for the
-  exact (key, page) the writer was allocated. Returns how many committed.
+  exact (key, page) the writer was allocated. Returns how many committed. An item's
+  `retention_s` gives its entry an expiry (`expires_at` = commit time + retention_s;
+  None: never), `renew_on_read` lets `locate` renew it.
+- Expiry: an expired entry (`expires_at <= now`) is absent for `lookup` and `locate`
+  (a key counts only if committed and unexpired on every rank) and for `allocate` (an
+  expired key is dropped on every rank and saved anew); every eviction (capacity,
+  quota, full file) takes expired keys before any LRU victim (reason "expired"), except
+  pinned ones (a pin keeps an expired entry from eviction, not from expiring). Reads
+  never extend an expiry, but a `locate` of an entry committed with `renew_on_read`
+  moves it to now + its retention. Admin `evict` purges expired keys like any other,
+  and first. `list_entries` shows `expires_at`.
+- `admit(ns, keys, after_hits)` → per key, whether it has now been seen at least
+  `after_hits` times (one sighting of each distinct key recorded per call, counts kept
+  in the store: every engine's sightings add up). `after_hits <= 1`: all True, nothing
+  recorded (a client need not call). Keys answered False count in the namespace's
+  `admission_skipped`. Counts are bounded (`ADMISSION_TRACKED_KEYS`, 1,000,000 per
+  store, next to each backend's implementation): the least recently seen go first; a
+  key's count may be dropped once it is committed. Unknown namespace: `NotFound`.
 - `release(ns, rank, allocations)` → a writer gives up pending allocations (only the
   exact (key, page) pairs it holds); returns how many released.
 - `invalidate(ns, rank, items)` → a reader found these committed pages corrupt
@@ -116,6 +133,10 @@ class DataPath(Protocol):
 
     def invalidate(self, namespace: str, rank: int, items: InvalidateItems) -> int:
         """Drop keys whose page on `rank` was found corrupt; returns how many were dropped."""
+        ...
+
+    def admit(self, namespace: str, keys: Sequence[str], after_hits: int) -> list[bool]:
+        """Record a sighting of each key; per key, whether it was seen >= `after_hits` times."""
         ...
 
     def health(self) -> dict[str, Any]:

@@ -1,7 +1,7 @@
 """`HttpMetadataClient`: the `MetadataClient` for `http(s)://HOST:PORT` (`hf3fsctl serve`).
 
 - Transports, behind one seam (`meta/http/transport.py`, `Transport.send`): the
-  connector's hot calls (lookup, locate, allocate, commit, release, invalidate) go over
+  connector's hot calls (lookup, locate, allocate, commit, release, invalidate, admit) go over
   the hand-tuned `KeepAliveTransport` (stdlib `http.client`, one keep-alive connection
   per calling thread); every other call (registration, admin, the CLI and the bench)
   over the stock `HttpxTransport` (one `httpx.Client`). `fast_path=False` (or
@@ -19,7 +19,7 @@
   pins, health) are retried twice with a short back-off (0.05 s, 0.2 s) on connection
   errors, timeouts and 5xx, while the deadline allows. allocate/commit/release/evict/
   drop_namespaces are sent once: a lost answer is a `MetadataUnavailable`, never a
-  silent second allocation.
+  silent second allocation. `admit` too (a second try would count its sightings twice).
 - Errors, mapped in one place (`_call`): connection failures, timeouts and 5xx → `MetadataUnavailable`; 401/403 →
   `AuthError`; other 4xx → the server's typed error (`ErrorResponse.error`) with its
   reason, else by status: 404 `NotFound`, 409 `NamespaceConflict`, others
@@ -75,6 +75,7 @@ from hf3fsctl.meta.http.transport import (
     fast_path_default,
 )
 from hf3fsctl.meta.models import (
+    AdmitResponse,
     AllocateResult,
     Allocation,
     CapacityInfo,
@@ -133,6 +134,22 @@ def _json_strings(strings: Sequence[str]) -> str:
     if plain.isascii() and plain.encode().isalnum():
         return '["' + '","'.join(strings) + '"]'
     return json.dumps(list(strings))
+
+
+def _commit_item(item: CommitItem) -> dict[str, Any]:
+    """A commit item's body: the retention fields only when set (a body an older server,
+    which refuses unknown fields, still takes when they are not used)."""
+    body: dict[str, Any] = {
+        "key": item.key,
+        "page": item.page,
+        "checksum": item.checksum,
+        "size": item.size,
+    }
+    if item.retention_s is not None:
+        body["retention_s"] = item.retention_s
+    if item.renew_on_read:
+        body["renew_on_read"] = True
+    return body
 
 
 def _certificate_error(exc: BaseException) -> ssl.SSLCertVerificationError | None:
@@ -327,16 +344,23 @@ class HttpMetadataClient:
     def commit(self, namespace: str, rank: int, items: Sequence[CommitItem]) -> int:
         """Commit written pages; returns how many were committed (not retried)."""
         body = self._dumps(
-            {
-                "namespace": namespace,
-                "rank": rank,
-                "items": [
-                    {"key": i.key, "page": i.page, "checksum": i.checksum, "size": i.size}
-                    for i in items
-                ],
-            }
+            {"namespace": namespace, "rank": rank, "items": [_commit_item(i) for i in items]}
         )
         return self._post("/v1/commit", body, CountResponse, False, hot=True).count
+
+    def admit(self, namespace: str, keys: Sequence[str], after_hits: int) -> list[bool]:
+        """Record a sighting of each key; per key, whether it was seen >= `after_hits` times.
+
+        `after_hits <= 1` answers every key True without a round trip. Not retried: a
+        lost answer may have counted its sightings (`MetadataUnavailable`).
+        """
+        if after_hits <= 1:
+            return [True] * len(keys)
+        body = (
+            f'{{"namespace":{json.dumps(namespace)},"keys":{_json_strings(keys)},'
+            f'"after_hits":{int(after_hits)}}}'
+        )
+        return self._post("/v1/admit", body, AdmitResponse, False, hot=True).admitted
 
     def release(self, namespace: str, rank: int, allocations: Sequence[Allocation]) -> int:
         """Give back pending allocations; returns how many were released (not retried)."""

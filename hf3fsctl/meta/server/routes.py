@@ -12,6 +12,7 @@ writer thread), so the event loop never waits on the store.
 | `POST /v1/ranks` | register a rank file |
 | `POST /v1/lookup`, `/v1/locate`, `/v1/allocate`, `/v1/commit`, `/v1/release` | data path |
 | `POST /v1/invalidate` | drop keys whose pages a reader found corrupt |
+| `POST /v1/admit` | record sightings of keys; which have been seen `after_hits` times |
 | `POST /v1/evict`, `GET /v1/stats`, `GET /v1/entries` | admin |
 | `GET /v1/capacity`, `PUT /v1/capacity` | the store's recorded capacity |
 | `POST /v1/pins`, `POST /v1/unpin`, `GET /v1/pins` | pins (kept out of LRU eviction) |
@@ -32,6 +33,8 @@ from pydantic import BaseModel, ConfigDict, TypeAdapter
 from hf3fsctl.meta.models import (
     INT_MAX,
     NAMESPACE_PATTERN,
+    AdmitRequest,
+    AdmitResponse,
     AllocateRequest,
     AllocateResult,
     CapacityInfo,
@@ -98,7 +101,7 @@ def _count(count: int) -> Response:
 
 
 def add_data_path(v1: APIRouter, service: Service) -> None:
-    """The connector's calls: lookup, locate, allocate, commit, release, invalidate."""
+    """The connector's calls: lookup, locate, allocate, commit, release, invalidate, admit."""
     store, read, write = service.store, service.read, service.write
     limited, documented = service.limited, service.documented
 
@@ -143,6 +146,18 @@ def add_data_path(v1: APIRouter, service: Service) -> None:
     async def invalidate(body: InvalidateRequest = limited(InvalidateRequest)) -> Response:
         """Drop keys whose committed page a reader found corrupt; answers how many."""
         return await write(lambda: _count(store.invalidate(body.namespace, body.rank, body.items)))
+
+    @v1.post("/admit", response_model=AdmitResponse, responses=documented(400, 404, 422))
+    async def admit(body: AdmitRequest = limited(AdmitRequest)) -> Response:
+        """Record one sighting of each key; per key, whether it has now been seen at least
+        `after_hits` times (counts shared by every engine of the store)."""
+        return await write(
+            lambda: _reply(
+                AdmitResponse.model_construct(
+                    admitted=store.admit(body.namespace, body.keys, body.after_hits)
+                )
+            )
+        )
 
 
 def add_namespaces(v1: APIRouter, service: Service) -> None:
