@@ -17,6 +17,8 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from .request_params import DEFAULT_PARAMS, RequestParams
+
 if TYPE_CHECKING:
     from vllm.v1.request import Request
 
@@ -41,6 +43,10 @@ class SaveJob:
     keys: list[str]  # block keys, in prefix order
     first_depth: int  # chain position of keys[0] (eviction drops tails first)
     group: int = 0  # the KV cache group (index in vLLM's kv_cache_groups) saved from
+    retention_s: float | None = None  # the entries' expiry after commit (None: never)
+    renew_on_read: bool = False  # a load of the entries renews their expiry
+    pin: bool = False  # pin the keys once committed (the request's kv_transfer_params)
+    pin_ttl_s: float | None = None  # with `pin`: the pin's TTL (None: until unpinned)
 
 
 @dataclass
@@ -60,11 +66,19 @@ class RequestState:
     """What the scheduler side remembers about one live request."""
 
     request: Request  # vLLM's live request (block_hashes grows with its tokens)
-    lookup: Future[int] | None = None  # metadata lookup running off the engine thread
+    params: RequestParams = DEFAULT_PARAMS  # its kv_transfer_params, parsed once
+    saves: bool = True  # its blocks may be saved (kv_role and its `save`)
+    loads: bool = True  # stored blocks may be loaded for it (kv_role and its `load`)
+    # lookup (and admission) running off the engine thread: (hit blocks, admitted_upto)
+    lookup: Future[tuple[int, int | None]] | None = None
     lookup_started: float = 0.0  # monotonic time the lookup was submitted
     hit_blocks: int | None = None  # leading prompt blocks stored (None: not known yet)
     local_computed_tokens: int = 0  # locally cached tokens at the last match query
     stored_upto: int = 0  # blocks [0, stored_upto) are stored, loading or being saved
+    # connector.store_after_hits: blocks [0, admitted_upto) may be saved (None: any);
+    # kept across a preemption, so a resumed request is not counted as seen twice
+    admitted_upto: int | None = None
+    admission_done: bool = False  # the store was asked (or no admission applies)
     save_jobs: int = 0  # save jobs issued; >0 means request_finished holds the blocks
     load_first: int = 0  # block index of the first block of the load in flight
     load_block_ids: list[int] = field(default_factory=list)  # blocks of the load in flight

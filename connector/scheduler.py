@@ -20,6 +20,21 @@ Contract:
     * A preempted request loses its blocks: its cached lookup is dropped, and nothing is
       ever planned against blocks it no longer owns.
     * While the metadata service is marked down: no lookups (misses) and no saves.
+    * Roles and per-request params (`connector.request_params`): vLLM's `kv_role`
+      `kv_producer` saves and never loads, `kv_consumer` loads and never saves,
+      `kv_both` does both; a request's `kv_transfer_params` `save: false` / `load:
+      false` narrow that further (never widen it). A request that neither saves nor
+      loads is never looked up; one that only saves is looked up (its stored prefix is
+      not saved again) and offered no tokens. Its `retention` (else
+      `retention.default`) and `pin` travel in its save jobs: the worker commits the
+      entries with that expiry and pins them; keys it found stored are pinned here.
+    * Admission (`connector.store_after_hits` N > 1; never asked otherwise): with the
+      lookup, off the engine thread, the store records one sighting of each prompt key
+      past the stored prefix (`admit`). Only the admitted run right after the stored
+      prefix is saved: the first key not admitted ends it, because a block whose parent
+      is not stored can never be loaded (lookups take the longest stored prefix).
+      Decode blocks are saved only when the whole prompt was admitted. A failed
+      `admit` saves nothing new for that request; a preempted request is not asked again.
     * Hybrid models (several KV cache groups, `groups`): the lookup is
       `hf3fsctl.kv_groups.longest_hit` below the last prompt token (every group must
       hold what the hit needs, or no load); a load plans one job per group for the
@@ -46,6 +61,7 @@ from hf3fsctl.kv_groups import FULL, MAMBA, SLIDING, GroupPlan, longest_hit
 
 from .events import StoreEvents, block_payloads
 from .metadata import Hf3fsctlConnectorMetadata, LoadJob, RequestState, SaveJob
+from .request_params import decide, parse_request_params, pin_saved
 from .service import MetadataGuard, ServiceDown
 from .stats import StatsRecorder
 
@@ -88,8 +104,15 @@ class SchedulerSide:
         *,
         kv_events: bool = False,
         groups: list[GroupPlan] | None = None,
+        kv_role: str | None = "kv_both",
     ) -> None:
         self.config = config
+        # vLLM's kv_role: what this engine does with the store (None: as kv_both).
+        self.kv_role = kv_role or "kv_both"
+        self.role_saves = self.kv_role in ("kv_producer", "kv_both")
+        self.role_loads = self.kv_role in ("kv_consumer", "kv_both")
+        self.after_hits = config.connector.store_after_hits
+        self._admit_warned = False
         self.manifest = manifest
         self.namespace = manifest.namespace_id
         self.block_size = manifest.block_size
@@ -163,7 +186,9 @@ class SchedulerSide:
     def _state(self, request: Request) -> RequestState:
         state = self._requests.get(request.request_id)
         if state is None:
-            state = RequestState(request=request)
+            params = parse_request_params(request.kv_transfer_params)
+            saves, loads = decide(params, self.role_saves, self.role_loads)
+            state = RequestState(request=request, params=params, saves=saves, loads=loads)
             self._requests[request.request_id] = state
         return state
 
@@ -171,13 +196,38 @@ class SchedulerSide:
         full = min(request.num_prompt_tokens // self.block_size, len(request.block_hashes))
         return block_keys(request.block_hashes[:full])
 
-    def _timed_lookup(self, keys: list[str], limit: int) -> int:
+    def _timed_lookup(
+        self, keys: list[str], limit: int, admit: bool, admitted_upto: int | None
+    ) -> tuple[int, int | None]:
+        """(stored prefix blocks, blocks that may be saved) — the second is
+        `admitted_upto` unchanged unless `admit`."""
         started = time.monotonic()
         hits = self.guard.call(
             lambda client: longest_hit(self.groups, keys, limit, self.block_size, client.lookup)
         )
         self.stats.observe("lookup_s", time.monotonic() - started)
-        return hits
+        return hits, (self._admit(keys, hits) if admit else admitted_upto)
+
+    def _admit(self, keys: list[str], hits: int) -> int | None:
+        """Blocks of the prompt that may be saved under admission: the stored prefix and
+        the admitted run right after it (None: all of them, and decode blocks after)."""
+        rest = keys[hits:]
+        if not rest:
+            return None
+        try:
+            admitted = self.guard.call(lambda c: c.admit(self.namespace, rest, self.after_hits))
+        except Exception as exc:  # saves nothing new; the request runs as a miss would
+            if not self._admit_warned:
+                self._admit_warned = True
+                logger.warning("admission (store_after_hits) failed: %s; not saving", exc)
+            return hits
+        run = next((i for i, ok in enumerate(admitted) if not ok), len(rest))
+        return None if run >= len(rest) else hits + run
+
+    def _pin_stored(self, keys: list[str], ttl_s: float | None) -> None:
+        """Pin a request's keys the store already holds (off the engine thread)."""
+        for plan in self.groups:
+            self._pool.submit(pin_saved, self.guard.call, plan.namespace, keys, ttl_s)
 
     def _hit_limit(self, request: Request, keys: list[str]) -> int:
         """The most blocks a hit may cover: a windowed or state group needs the exact
@@ -193,7 +243,8 @@ class SchedulerSide:
             return True
         if state.lookup is None:
             keys = self._prompt_keys(state.request)
-            if not keys or self.config.connector.capture:  # capture mode: load nothing
+            capture = self.config.connector.capture  # capture mode: load nothing
+            if not keys or capture or not (state.saves or state.loads):
                 state.hit_blocks = 0
                 return True
             if not self.guard.available() or not self.storage_available():
@@ -202,7 +253,12 @@ class SchedulerSide:
                 return True
             state.lookup_started = time.monotonic()
             limit = self._hit_limit(state.request, keys)
-            state.lookup = self._pool.submit(self._timed_lookup, keys, limit)
+            admit = state.saves and self.after_hits > 1 and not state.admission_done
+            if admit:  # asked once per request; nothing is saved until it answers
+                state.admission_done, state.admitted_upto = True, 0
+            state.lookup = self._pool.submit(
+                self._timed_lookup, keys, limit, admit, state.admitted_upto
+            )
             self.stats.add(lookup_blocks=len(keys))
             # A fast store answers within this step; a slow or dead one costs the whole
             # step (all its requests together) at most `lookup_wait_ms`, and is asked
@@ -212,7 +268,7 @@ class SchedulerSide:
             waited = time.monotonic()
             wait([state.lookup], timeout=self._step_wait_left)
             self._step_wait_left -= time.monotonic() - waited
-        future: Future[int] = state.lookup
+        future: Future[tuple[int, int | None]] = state.lookup
         if not future.done():
             if time.monotonic() - state.lookup_started < self.config.metadata.timeout_s:
                 return False
@@ -225,7 +281,7 @@ class SchedulerSide:
             state.hit_blocks = 0
             return True
         try:
-            hits = future.result()
+            hits, state.admitted_upto = future.result()
         except ServiceDown:
             self.stats.add(misses=1)
             hits = 0
@@ -241,6 +297,9 @@ class SchedulerSide:
             self.stats.add(lookups=1)
         state.hit_blocks = int(hits)
         state.stored_upto = max(state.stored_upto, state.hit_blocks)
+        if state.params.pin and state.hit_blocks:
+            keys = self._prompt_keys(state.request)[: state.hit_blocks]
+            self._pin_stored(keys, state.params.pin_ttl_s)
         return True
 
     def get_num_new_matched_tokens(
@@ -252,6 +311,8 @@ class SchedulerSide:
             return None, False
         assert state.hit_blocks is not None
         state.local_computed_tokens = num_computed_tokens
+        if not state.loads:  # kv_producer, or the request's `load: false`
+            return 0, False
         # Never cover the last token: vLLM must compute at least one to sample from.
         limit = (request.num_tokens - 1) // self.block_size
         loadable = min(state.hit_blocks, limit)
@@ -329,16 +390,28 @@ class SchedulerSide:
             return None
         return tuple(list(ids) for ids in state.resolve_block_ids(req_id))
 
+    def _save_terms(self, state: RequestState) -> dict[str, Any]:
+        """A request's retention and pin, as its save jobs carry them."""
+        retention = state.params.retention_s
+        if retention is None:
+            retention = self.config.retention.default
+        return {
+            "retention_s": retention,
+            "renew_on_read": retention is not None and self.config.retention.renew_on_read,
+            "pin": state.params.pin,
+            "pin_ttl_s": state.params.pin_ttl_s,
+        }
+
     def _group_saves(
         self,
         plan: GroupPlan,
-        req_id: str,
-        request: Request,
+        state: RequestState,
         table: list[int],
         span: tuple[int, int, int],
     ) -> list[SaveJob]:
         """One group's save jobs for blocks [start, full) (`tokens`: computed after the step)."""
         start, full, tokens = span
+        request = state.request
         if plan.kind == MAMBA:
             # A state block holds the state after exactly its blocks only when the
             # step's chunk ended on that block boundary (vLLM "align" mode).
@@ -346,13 +419,15 @@ class SchedulerSide:
         else:
             positions = list(range(start, full))
         positions = [p for p in positions if p < len(table) and table[p] != NULL_BLOCK_ID]
+        terms = self._save_terms(state)
         return [
             SaveJob(
-                req_id,
+                request.request_id,
                 [table[p] for p in run],
                 block_keys([request.block_hashes[p] for p in run]),
                 run[0],
                 plan.index,
+                **terms,
             )
             for run in _runs(positions)
         ]
@@ -362,10 +437,12 @@ class SchedulerSide:
         saving = self.guard.available() or self.config.connector.capture  # (kept in memory)
         for req_id, scheduled in output.num_scheduled_tokens.items():
             state = self._requests.get(req_id)
-            if state is None or state.hit_blocks is None:
+            if state is None or state.hit_blocks is None or not state.saves:
                 continue
             request = state.request
             full = self._save_limit(request, request.num_computed_tokens + scheduled)
+            if state.admitted_upto is not None:  # connector.store_after_hits
+                full = min(full, state.admitted_upto)
             start = state.stored_upto
             if full <= start:
                 continue
@@ -383,9 +460,7 @@ class SchedulerSide:
             jobs = [
                 job
                 for plan in self.groups
-                for job in self._group_saves(
-                    plan, req_id, request, tables[plan.index], (start, full, tokens)
-                )
+                for job in self._group_saves(plan, state, tables[plan.index], (start, full, tokens))
             ]
             saves.extend(jobs)
             for job in jobs:
