@@ -7,7 +7,8 @@ Contract:
     * `Tier.save(keys, pages, first_depth)`: allocate pages for the keys (keys already
       committed or being written are `existing`; `no_space` when the store could not make
       room) → claim their disk space (`PageFile.reserve`, growing files) → write the
-      pages → commit with the checksums the engine computed. Whatever fails gives back
+      pages → commit with the checksums the engine computed (and the entries' expiry:
+      `retention_s`, `renew_on_read`, docs/design.md "Retention"). Whatever fails gives back
       what this writer still holds, so nothing stays pending: the pages that failed to
       write at once, and every allocation when the claim, the commit or anything before
       it fails. ENOSPC/EDQUOT on the claim or on a page write (the errno, never the text) is
@@ -52,7 +53,7 @@ import logging
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from hf3fsctl.errors import Hf3fsctlError, InvalidRequest, MetadataUnavailable, StorageError
 from hf3fsctl.meta.models import Allocation, CommitItem, Location
@@ -359,7 +360,13 @@ class Tier:
     # --- save ----------------------------------------------------------------------
 
     def save(
-        self, keys: Sequence[str], pages: Sequence[Buffer], first_depth: int = 0
+        self,
+        keys: Sequence[str],
+        pages: Sequence[Buffer],
+        first_depth: int = 0,
+        *,
+        retention_s: float | None = None,
+        renew_on_read: bool = False,
     ) -> SaveOutcome:
         """Store `pages[i]` as key `keys[i]`'s page (keys in chain order).
 
@@ -367,6 +374,8 @@ class Tier:
             keys: block keys, in prefix order.
             pages: one buffer of `page_bytes` per key.
             first_depth: chain position of `keys[0]` (eviction takes tails first).
+            retention_s: the committed entries expire this long after commit (None: never).
+            renew_on_read: a `locate` of an entry renews its expiry (with `retention_s`).
 
         Raises:
             InvalidRequest: `keys` and `pages` differ in length.
@@ -390,7 +399,8 @@ class Tier:
         if result.allocated:
             row_of = {key: row for row, key in enumerate(keys)}
             buffers = [pages[row_of[a.key]] for a in result.allocated]
-            self._store(list(result.allocated), buffers, kind_of, outcome)
+            terms = {"retention_s": retention_s, "renew_on_read": renew_on_read}
+            self._store(list(result.allocated), buffers, kind_of, outcome, terms)
         outcome.kinds = [kind_of.get(key, ERROR) for key in keys]
         return outcome
 
@@ -400,8 +410,10 @@ class Tier:
         buffers: list[Buffer],
         kind_of: dict[str, str],
         outcome: SaveOutcome,
+        terms: dict[str, Any],
     ) -> None:
-        """Claim, write and commit `allocated`; release what this writer still holds on failure."""
+        """Claim, write and commit `allocated` (each `CommitItem` with `terms`: retention);
+        release what this writer still holds on failure."""
         held = allocated  # allocations not yet released
         done = False
         try:
@@ -425,6 +437,7 @@ class Tier:
                             page=allocation.page,
                             checksum=written.checksum,
                             size=self.page_bytes,
+                            **terms,
                         )
                     )
                 else:
