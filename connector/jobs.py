@@ -8,7 +8,8 @@ Contract:
     * `LoadRun`: one load job in flight: its job, its start time, the `LoadCancel` its
       timeout uses (a cancelled load never scatters), and whether its result was
       reported (once).
-    * `run_save(tier, job, rows, stats)`: `Tier.save` of the job's staged rows; counts
+    * `run_save(tier, job, rows, stats)`: `Tier.save` of the job's staged rows (with
+      the job's retention); counts
       existing, saved and dropped blocks and failures by kind, and returns the outcome
       (the worker turns its `storage_failure`/`storage_worked` into the back-off and the
       health state).
@@ -27,10 +28,12 @@ from dataclasses import dataclass, field
 
 from hf3fsctl.meta.models import Location
 from hf3fsctl.storage.engine import Buffer
-from hf3fsctl.tier import CANCELLED, EXISTING, LoadCancel, LoadTarget, SaveOutcome, Tier
+from hf3fsctl.tier import CANCELLED, EXISTING, SAVED, LoadCancel, LoadTarget, SaveOutcome, Tier
 
 from .metadata import LoadJob, SaveJob
 from .stats import StatsRecorder
+
+_STORED = (SAVED, EXISTING)
 
 
 @dataclass
@@ -46,7 +49,13 @@ class LoadRun:
 
 def run_save(tier: Tier, job: SaveJob, rows: Sequence[Buffer], stats: StatsRecorder) -> SaveOutcome:
     """Store the staged pages of `job` (`rows` in `job.keys` order) and count the outcome."""
-    outcome = tier.save(job.keys, rows, job.first_depth)
+    outcome = tier.save(
+        job.keys,
+        rows,
+        job.first_depth,
+        retention_s=job.retention_s,
+        renew_on_read=job.renew_on_read,
+    )
     stats.add(save_existing=outcome.count(EXISTING))
     for kind, blocks in outcome.failures().items():
         stats.add(save_dropped=blocks)
@@ -54,6 +63,11 @@ def run_save(tier: Tier, job: SaveJob, rows: Sequence[Buffer], stats: StatsRecor
     if outcome.committed:
         stats.add(blocks_saved=outcome.committed, bytes_saved=outcome.committed * tier.page_bytes)
     return outcome
+
+
+def stored_keys(job: SaveJob, outcome: SaveOutcome) -> list[str]:
+    """The job's keys the store holds after its save (saved now, or already there)."""
+    return [key for key, kind in zip(job.keys, outcome.kinds, strict=True) if kind in _STORED]
 
 
 def run_load(

@@ -40,6 +40,8 @@ Contract (storage, registration, `tier`, start-up failures and staging prewarm:
       blocks or dropped saves, counted in the stats.
     * A request with save jobs is reported in `finished_sending` once vLLM has told us it
       finished and all its save jobs have ended.
+    * A save job with `pin` (a request's kv_transfer_params) pins its keys the store
+      holds after the save, on rank 0 (`request_params.pin_saved`: a failure is a warning).
     * Writers: after its first committed page, rank 0 records the engine's numerics
       (`writer`, set by the facade) with the namespace (`Registry.record_writer`).
     * Capture mode (`connector.capture`, `hf3fsctl verify`): no page file, no
@@ -74,8 +76,9 @@ from hf3fsctl.staging import (
 from hf3fsctl.tier import LoadTarget, PagePieces, StagingRows, Tier
 
 from .geometry import KVCacheGeometry, kv_segments
-from .jobs import LoadRun, run_load, run_save
+from .jobs import LoadRun, run_load, run_save, stored_keys
 from .metadata import Hf3fsctlConnectorMetadata, LoadJob, SaveJob
+from .request_params import pin_saved
 from .service import MetadataGuard
 from .stats import StatsRecorder
 from .worker_storage import WorkerStorage
@@ -349,6 +352,8 @@ class WorkerSide(WorkerStorage):
             tier = self.tier  # after registration, which may reopen the page file
             assert tier is not None
             outcome = run_save(tier, job, lease.rows(), self.stats)
+            if job.pin and self.rank == 0:  # the request's kv_transfer_params pin
+                pin_saved(self.guard.call, self.namespace, stored_keys(job, outcome), job.pin_ttl_s)
             failure = outcome.storage_failure
             if failure is not None:
                 self.storage_failed(failure.kind, failure.pages, failure.reason)
