@@ -124,9 +124,11 @@ class Hf3fsctlConnector(KVConnectorBase_V1, SupportsHMA):
                 self.stats,
                 kv_events=bool(events_config and events_config.enable_kv_cache_events),
                 groups=self.groups,
+                kv_role=self._kv_transfer_config.kv_role,
             )
             logger.info(
-                "hf3fsctl connector scheduler: namespace %s, storage %s, metadata %s%s",
+                "hf3fsctl connector scheduler (%s): namespace %s, storage %s, metadata %s%s",
+                self.scheduler_side.kv_role,
                 ", ".join(f"{p.namespace} ({p.kind} group {p.index})" for p in self.groups)
                 if len(self.groups) > 1
                 else self.manifest.namespace_id,
