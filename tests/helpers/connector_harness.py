@@ -59,6 +59,7 @@ def make_vllm_config(
     max_num_batched_tokens: int = 1024,
     extra: dict[str, Any] | None = None,
     prefix_caching: bool = False,
+    kv_role: str = "kv_both",
 ) -> VllmConfig:
     """A CPU VllmConfig for the tiny model with the connector pointed at `store`."""
     settings = {
@@ -85,7 +86,7 @@ def make_vllm_config(
         kv_transfer_config=KVTransferConfig(
             kv_connector="Hf3fsctlConnector",
             kv_connector_module_path="hf3fsctl_connector.connector",
-            kv_role="kv_both",
+            kv_role=kv_role,
             kv_load_failure_policy="recompute",
             kv_connector_extra_config=settings,
         ),
@@ -133,9 +134,16 @@ def make_kv_caches(config: KVCacheConfig) -> tuple[torch.Tensor, dict[str, torch
     return raw, views
 
 
-def make_request(req_id: str, prompt: list[int], max_tokens: int = 2) -> Request:
-    """A greedy request whose block hashes vLLM computes as the engine would."""
-    params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
+def make_request(
+    req_id: str,
+    prompt: list[int],
+    max_tokens: int = 2,
+    kv_transfer_params: dict[str, Any] | None = None,
+) -> Request:
+    """A greedy request whose block hashes vLLM computes as the engine would
+    (`kv_transfer_params` as the OpenAI server passes them: in `extra_args`)."""
+    extra_args = None if kv_transfer_params is None else {"kv_transfer_params": kv_transfer_params}
+    params = SamplingParams(max_tokens=max_tokens, ignore_eos=True, extra_args=extra_args)
     params.update_from_generation_config({}, EOS)
     return Request(
         request_id=req_id,
