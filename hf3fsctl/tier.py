@@ -8,7 +8,7 @@ Contract:
       committed or being written are `existing`; `no_space` when the store could not make
       room) → claim their disk space (`PageFile.reserve`, growing files) → write the
       pages → commit with the checksums the engine computed (and the entries' expiry:
-      `retention_s`, `renew_on_read`, docs/design.md "Retention"). Whatever fails gives back
+      `retention_s`, `renew_on_read`: meta/protocol.py, "Expiry"). Whatever fails gives back
       what this writer still holds, so nothing stays pending: the pages that failed to
       write at once, and every allocation when the claim, the commit or anything before
       it fails. ENOSPC/EDQUOT on the claim or on a page write (the errno, never the text) is
