@@ -169,7 +169,8 @@ def _calls(ns: str) -> list[tuple[str, str, Call]]:
     def commit_items(state: dict[str, Any]) -> list[dict[str, Any]]:
         return [
             {**a, "checksum": checksum(a["key"], a["page"]), "size": 4096}
-            for a in state["allocated"]
+            | ({"retention_s": 3600, "renew_on_read": True} if index == 0 else {})
+            for index, a in enumerate(state["allocated"])
         ]
 
     return [
@@ -203,6 +204,11 @@ def _calls(ns: str) -> list[tuple[str, str, Call]]:
         ("post", "/v1/lookup", lambda s: {"json": {"namespace": ns, "keys": chain + spare}}),
         (
             "post",
+            "/v1/admit",
+            lambda s: {"json": {"namespace": ns, "keys": spare, "after_hits": 2}},
+        ),
+        (
+            "post",
             "/v1/locate",
             lambda s: {"json": {"namespace": ns, "rank": 0, "keys": chain + spare}},
         ),
@@ -218,7 +224,7 @@ def _calls(ns: str) -> list[tuple[str, str, Call]]:
                 "json": {
                     "namespace": ns,
                     "rank": 0,
-                    "items": [{k: v for k, v in commit_items(s)[0].items() if k != "size"}],
+                    "items": [{k: commit_items(s)[0][k] for k in ("key", "page", "checksum")}],
                 }
             },
         ),

@@ -13,6 +13,7 @@ import sqlite3
 import time
 from pathlib import Path
 
+import pytest
 from helpers.meta_builders import keys, register, store_keys
 
 from hf3fsctl.meta.models import EvictRequest
@@ -27,6 +28,10 @@ _FULL_SORT = (
     " HAVING SUM(e.state = 0) = 0 AND MAX(e.lease_until) <= :now"
     " ORDER BY MAX(e.last_access) ASC, MAX(e.depth) DESC LIMIT :limit"
 )
+
+
+def _pairs(victims: list[eviction.Victim]) -> list[tuple[str, str]]:
+    return [(v.namespace, v.key) for v in victims]
 
 
 def _plan(conn: sqlite3.Connection, sql: str, args: dict[str, object]) -> str:
@@ -44,6 +49,37 @@ def test_victim_queries_walk_the_age_index_without_a_sort(tmp_path: Path) -> Non
         assert "INDEX key_lru_by_age (namespace=?)" in plan, plan
         assert "TEMP B-TREE" not in plan, plan
         assert "SCAN e" not in plan and "SCAN entries" not in plan, plan
+    for sql in (eviction.EXPIRED_OF_NAMESPACE, eviction.FILE_EXPIRED):  # issue 22
+        plan = _plan(conn, sql, args)
+        assert "key_lru_by_expiry (namespace=? AND expires_at>? AND expires_at<?)" in plan, plan
+        assert "TEMP B-TREE" not in plan, plan
+        assert "SCAN e" not in plan and "SCAN entries" not in plan, plan
+    conn.close()
+
+
+def test_admin_victims_walk_the_age_index_from_the_last_batch_without_a_sort(
+    tmp_path: Path,
+) -> None:
+    store = MetadataStore(tmp_path / "m.db")
+    register(store)
+    store.close()
+    conn = sqlite3.connect(tmp_path / "m.db")
+    args = {
+        "ns": "n",
+        "now": 0.0,
+        "before": 1.0,
+        "after_access": 0.0,
+        "after_depth": 3,
+        "after_key": "",
+        "limit": 4,
+    }
+    for pins in ("", eviction._ADMIN_NOT_PINNED):
+        plan = _plan(conn, eviction.ADMIN_VICTIMS.format(pins=pins), args)
+        assert "INDEX key_lru_by_age (namespace=? AND last_access>? AND last_access<?)" in plan, (
+            plan
+        )
+        assert "TEMP B-TREE" not in plan, plan
+        assert "SCAN" not in plan, plan
     conn.close()
 
 
@@ -95,10 +131,62 @@ def test_index_walk_chooses_the_full_sorts_victims(tmp_path: Path) -> None:
     assert _lru_problems(conn) == []
     for limit in (1, 7, 60, 500):
         expected = conn.execute(_FULL_SORT, {"now": now, "limit": limit}).fetchall()
-        assert eviction.choose_victims(conn, now, None, limit) == expected
+        assert _pairs(eviction.choose_victims(conn, now, None, limit)) == expected
         scoped = [v for v in expected if v[0] == names[1]]
-        assert eviction.choose_victims(conn, now, [names[1]], len(scoped)) == scoped
+        assert _pairs(eviction.choose_victims(conn, now, [names[1]], len(scoped))) == scoped
     conn.close()
+
+
+# The admin choice before issue 21's follow-up (every entry grouped and sorted).
+_ADMIN_FULL_SORT = (
+    "SELECT e.namespace, e.key FROM entries e {where} GROUP BY e.namespace, e.key"
+    " HAVING SUM(e.state = 0) = 0 {older} ORDER BY MAX(e.last_access) ASC, MAX(e.depth) DESC,"
+    " e.key ASC"
+)
+
+
+def test_admin_index_walk_chooses_the_full_sorts_victims(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    db, names, now = _random_store(tmp_path, seed=22)
+    monkeypatch.setattr(eviction, "_ADMIN_BATCH", 7)  # many batches: the paging is exercised
+    now += 5_000  # half the keys' (random, later) last accesses are before this
+    conn = sqlite3.connect(db)
+    not_pinned = eviction.NOT_PINNED
+    for request, where, older, named in (
+        (EvictRequest(all=True), f"WHERE {not_pinned}", "", {}),
+        (EvictRequest(all=True, include_pinned=True), "", "", {}),
+        (
+            EvictRequest(namespace=names[1], older_than_s=0.0),
+            f"WHERE e.namespace = :ns AND {not_pinned}",
+            "AND MAX(e.last_access) < :before",
+            {"ns": names[1], "before": now},
+        ),
+        (
+            EvictRequest(older_than_s=1_000.0, include_pinned=True),
+            "",
+            "AND MAX(e.last_access) < :before",
+            {"before": now - 1_000},
+        ),
+    ):
+        expected = conn.execute(
+            _ADMIN_FULL_SORT.format(where=where, older=older), {"now": now, **named}
+        ).fetchall()
+        chosen = list(eviction.choose_admin_victims(conn, request, now))
+        # equally old keys of different namespaces may come in either order: compare
+        # the order of (last access, depth) and the set of keys
+        assert sorted(chosen) == sorted(expected)
+        assert _ages(conn, chosen) == _ages(conn, expected)
+    conn.close()
+
+
+def _ages(conn: sqlite3.Connection, victims: list[tuple[str, str]]) -> list[tuple[float, int]]:
+    return [
+        conn.execute(
+            "SELECT last_access, -depth FROM key_lru WHERE namespace = ? AND key = ?", victim
+        ).fetchone()
+        for victim in victims
+    ]
 
 
 def test_a_store_written_before_key_lru_gets_it_filled_on_open(tmp_path: Path) -> None:
@@ -114,7 +202,7 @@ def test_a_store_written_before_key_lru_gets_it_filled_on_open(tmp_path: Path) -
     MetadataStore(db).close()  # a writable open of the older store
     conn = sqlite3.connect(db)
     assert _lru_problems(conn) == []
-    assert eviction.choose_victims(conn, now, None, 1000) == expected
+    assert _pairs(eviction.choose_victims(conn, now, None, 1000)) == expected
     conn.close()
 
 

@@ -41,26 +41,36 @@ def leading_hits(
     namespace: str,
     keys: Sequence[str],
     num_ranks: int,
+    now: float,
     has_key_lru: bool = True,
+    has_expiry: bool = True,
 ) -> int:
-    """How many leading `keys` are committed on `num_ranks` ranks (in `conn`'s snapshot):
-    one primary-key probe of `key_lru` per key, in chunks, stopping at the first miss.
-    Nothing of the key set is held in memory. A store without `key_lru` (read only,
-    written before it) is asked its entries instead."""
-    query = (
-        "SELECT key, committed FROM key_lru WHERE namespace = ? AND key IN ({})"
-        if has_key_lru
-        else "SELECT key, COUNT(*) FROM entries INDEXED BY entries_by_key WHERE namespace = ?"
-        " AND key IN ({}) AND state = 1 GROUP BY key"
-    )
+    """How many leading `keys` are committed and unexpired on `num_ranks` ranks (in
+    `conn`'s snapshot): one primary-key probe of `key_lru` per key, in chunks, stopping
+    at the first miss. Nothing of the key set is held in memory. A store without
+    `key_lru` (read only, written before it) is asked its entries instead; one without
+    expiry columns (likewise) has no entry that expires."""
+    if not has_key_lru:
+        query = (
+            "SELECT key, COUNT(*), NULL FROM entries INDEXED BY entries_by_key"
+            " WHERE namespace = ? AND key IN ({}) AND state = 1 GROUP BY key"
+        )
+    elif has_expiry:
+        query = "SELECT key, committed, expires_at FROM key_lru WHERE namespace = ? AND key IN ({})"
+    else:
+        query = "SELECT key, committed, NULL FROM key_lru WHERE namespace = ? AND key IN ({})"
     hits = 0
     size = _FIRST_CHUNK
     while hits < len(keys):
         chunk = keys[hits : hits + size]
         marks = ",".join("?" * len(chunk))
-        held = dict(conn.execute(query.format(marks), (namespace, *chunk)).fetchall())
+        held = {
+            key: (ranks, expires_at)
+            for key, ranks, expires_at in conn.execute(query.format(marks), (namespace, *chunk))
+        }
         for key in chunk:
-            if held.get(key, 0) < num_ranks:
+            ranks, expires_at = held.get(key, (0, None))
+            if ranks < num_ranks or (expires_at is not None and expires_at <= now):
                 return hits
             hits += 1
         size = min(size * 4, _MAX_CHUNK)

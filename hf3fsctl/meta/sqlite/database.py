@@ -277,6 +277,7 @@ class SqliteDatabase:
                         + "INSERT OR IGNORE INTO store_info VALUES ('schema_version', "
                         + f"'{schema.SCHEMA_VERSION}');"
                     )
+                    schema.add_open_columns(conn)  # expiry, admission (issue 22)
                     if fill_lru:  # a store written before key_lru: its keys' ages, once
                         conn.execute(schema.KEY_LRU_FILL)
                     for statement in schema.LATE_INDEXES:

@@ -33,7 +33,8 @@ import heapq
 import itertools
 import sqlite3
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from typing import NamedTuple
 
 from hf3fsctl.meta.models import EvictRequest, EvictResult
 
@@ -140,33 +141,74 @@ VICTIMS_OF_NAMESPACE = (
     f" WHERE l.namespace = :ns AND {_EVICTABLE}"
     " ORDER BY l.last_access ASC, l.depth DESC LIMIT :limit"
 )
+# The expired evictable keys of one namespace (issue 22), soonest expired first:
+# `key_lru_by_expiry` walked up to :now, stopping after :limit.
+EXPIRED_OF_NAMESPACE = (
+    "SELECT l.expires_at, -l.depth, l.namespace, l.key FROM key_lru l"
+    " INDEXED BY key_lru_by_expiry WHERE l.namespace = :ns AND l.expires_at IS NOT NULL"
+    f" AND l.expires_at <= :now AND {_EVICTABLE}"
+    " ORDER BY l.expires_at ASC LIMIT :limit"
+)
+
+
+class Victim(NamedTuple):
+    """A key chosen for eviction, and whether it was chosen for having expired."""
+
+    namespace: str
+    key: str
+    expired: bool = False
+
+
+def _merged_walks(
+    conn: sqlite3.Connection, query: str, names: Sequence[str], now: float, limit: int
+) -> list[tuple[str, str]]:
+    """`query`'s rows for each namespace of `names`, merged in order, the first `limit`."""
+    walks = [conn.execute(query, {"ns": ns, "now": now, "limit": limit}) for ns in names]
+    ordered = heapq.merge(*walks) if len(walks) != 1 else walks[0]
+    found = [(ns, key) for _, _, ns, key in itertools.islice(ordered, limit)]
+    for walk in walks:
+        walk.close()  # the walks not read to their end
+    return found
 
 
 def choose_victims(
     conn: sqlite3.Connection, now: float, scope: Sequence[str] | None, limit: int
-) -> list[tuple[str, str]]:
+) -> list[Victim]:
     """THE eviction decision of the allocate path (the store's capacity and quotas):
-    the `limit` least-recently-used evictable keys of `scope` (None: every namespace).
+    the `limit` evictable keys of `scope` (None: every namespace) to go first — the
+    expired ones (soonest expired first), then the least recently used.
 
     Evictable: committed on every rank it has, none pending, no read lease, not pinned.
-    Ordered by last access, then chain tails (greatest depth) first. Each namespace's
-    keys come from its `key_lru_by_age` walk (O(limit log n)); several namespaces are
-    merged lazily, so each is read only as far as its keys are among the oldest. The
-    Redis twin is `choose_victims` in `redis/lua/eviction.lua` (docs/design.md,
-    "Eviction").
+    LRU order: last access, then chain tails (greatest depth) first. Each namespace's
+    keys come from its `key_lru_by_expiry` and `key_lru_by_age` walks (O(limit log n));
+    several namespaces are merged lazily, so each is read only as far as its keys are
+    among the first. The Redis twin is `choose_victims` in `redis/lua/eviction.lua`
+    (docs/design.md, "Eviction").
     """
     if scope is None:
         names = [ns for (ns,) in conn.execute("SELECT id FROM namespaces ORDER BY id")]
     else:
         names = sorted(set(scope))
-    walks = [
-        conn.execute(VICTIMS_OF_NAMESPACE, {"ns": ns, "now": now, "limit": limit}) for ns in names
-    ]
-    oldest = heapq.merge(*walks) if len(walks) != 1 else walks[0]
-    victims = [(ns, key) for _, _, ns, key in itertools.islice(oldest, limit)]
-    for walk in walks:
-        walk.close()  # the walks not read to their end
+    expired = _merged_walks(conn, EXPIRED_OF_NAMESPACE, names, now, limit)
+    victims = [Victim(ns, key, True) for ns, key in expired]
+    if len(victims) < limit:
+        taken = set(expired)
+        # the LRU walk may meet the expired keys again: ask for as many more
+        for ns, key in _merged_walks(conn, VICTIMS_OF_NAMESPACE, names, now, limit + len(taken)):
+            if (ns, key) not in taken and len(victims) < limit:
+                victims.append(Victim(ns, key))
     return victims
+
+
+def drop_expired(conn: sqlite3.Connection, namespace: str, keys: Sequence[str], now: float) -> int:
+    """Drop expired `keys` on every rank (an allocation saving them anew), counted as
+    evicted for "expired"; returns how many were dropped."""
+    freed: dict[tuple[str, int], int] = defaultdict(int)
+    for key in keys:
+        for rank, _ in _drop_key(conn, namespace, key, now):
+            freed[(namespace, rank)] += 1
+    _finish(conn, freed, {namespace: len(keys)}, "expired")
+    return len(keys)
 
 
 def evict_lru(
@@ -183,24 +225,26 @@ def evict_lru(
 
     `on_free(namespace, rank, page)` is told of every freed page (all reusable now: the
     candidates hold no lease). Returns how many keys were evicted; they are counted
-    under `reason`.
+    under `reason`, the expired ones under "expired".
     """
-    freed: dict[tuple[str, int], int] = defaultdict(int)
-    by_namespace: dict[str, int] = defaultdict(int)
+    freed: dict[str, dict[tuple[str, int], int]] = defaultdict(lambda: defaultdict(int))
+    by_namespace: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
     evicted = 0
     while not satisfied():
         candidates = choose_victims(conn, now, scope, batch)
         if not candidates:
             break
-        for ns, key in candidates:
+        for ns, key, expired in candidates:
             if satisfied():
                 break
+            why = "expired" if expired else reason
             for rank, page in _drop_key(conn, ns, key, now):
-                freed[(ns, rank)] += 1
+                freed[why][(ns, rank)] += 1
                 on_free(ns, rank, page)
             evicted += 1
-            by_namespace[ns] += 1
-    _finish(conn, freed, by_namespace, reason)
+            by_namespace[why][ns] += 1
+    for why, counts in by_namespace.items():
+        _finish(conn, freed[why], counts, why)
     return evicted
 
 
@@ -216,15 +260,35 @@ FILE_VICTIMS = (
 )
 
 
+# … and the expired ones first (issue 22): `key_lru_by_expiry` walked up to :now.
+FILE_EXPIRED = (
+    "SELECT l.key FROM key_lru l INDEXED BY key_lru_by_expiry WHERE l.namespace = :ns"
+    " AND l.expires_at IS NOT NULL AND l.expires_at <= :now"
+    " AND EXISTS (SELECT 1 FROM entries e INDEXED BY entries_by_key"
+    " WHERE e.namespace = l.namespace AND e.key = l.key AND e.rank = :rank"
+    " AND e.state = 1 AND e.lease_until <= :now)"
+    " AND NOT EXISTS (SELECT 1 FROM pins p WHERE p.namespace = l.namespace"
+    " AND p.key = l.key AND (p.expires = 0 OR p.expires > :now))"
+    " ORDER BY l.expires_at ASC LIMIT :limit OFFSET :offset"
+)
+
+
 def choose_file_victims(
-    conn: sqlite3.Connection, namespace: str, rank: int, now: float, limit: int, offset: int
+    conn: sqlite3.Connection,
+    namespace: str,
+    rank: int,
+    now: float,
+    limit: int,
+    offset: int,
+    expired: bool = False,
 ) -> list[tuple[str]]:
     """The eviction decision of a full fixed-size file: the least-recently-used keys of
     the namespace (chain tails first, `key_lru_by_age` walked in order) committed on
-    `rank`, not leased there, not pinned; the caller skips keys pending or leased on
+    `rank`, not leased there, not pinned — or, with `expired`, its expired such keys,
+    which go first (`key_lru_by_expiry`); the caller skips keys pending or leased on
     another rank. Redis: `evict_lru` with `need_rank` (`redis/lua/eviction.lua`)."""
     return conn.execute(
-        FILE_VICTIMS,
+        FILE_EXPIRED if expired else FILE_VICTIMS,
         {"ns": namespace, "rank": rank, "now": now, "limit": limit, "offset": offset},
     ).fetchall()
 
@@ -239,33 +303,36 @@ def evict_for_allocation(
     num_ranks = conn.execute(
         "SELECT num_ranks FROM namespaces WHERE id = ?", (namespace,)
     ).fetchone()[0]
-    freed: dict[tuple[str, int], int] = defaultdict(int)
     evicted = 0
-    skipped = 0
-    while used > target_used:
-        batch = choose_file_victims(
-            conn, namespace, rank, now, max(_BATCH, used - target_used), skipped
-        )
-        if not batch:
-            break
-        for (key,) in batch:
-            if used <= target_used:
+    for expired, reason in ((True, "expired"), (False, "file_full")):
+        freed: dict[tuple[str, int], int] = defaultdict(int)
+        dropped = 0
+        skipped = 0
+        while used > target_used:
+            batch = choose_file_victims(
+                conn, namespace, rank, now, max(_BATCH, used - target_used), skipped, expired
+            )
+            if not batch:
                 break
-            if num_ranks > 1:
-                busy = conn.execute(
-                    "SELECT 1 FROM entries INDEXED BY entries_by_key WHERE namespace = ? AND key = ?"
-                    " AND (state = 0 OR lease_until > ?) LIMIT 1",
-                    (namespace, key, now),
-                ).fetchone()
-                if busy is not None:
-                    skipped += 1
-                    continue
-            for freed_rank, _ in _drop_key(conn, namespace, key, now):
-                freed[(namespace, freed_rank)] += 1
-                if freed_rank == rank:
-                    used -= 1
-            evicted += 1
-    _finish(conn, freed, {namespace: evicted}, "file_full")
+            for (key,) in batch:
+                if used <= target_used:
+                    break
+                if num_ranks > 1:
+                    busy = conn.execute(
+                        "SELECT 1 FROM entries INDEXED BY entries_by_key WHERE namespace = ?"
+                        " AND key = ? AND (state = 0 OR lease_until > ?) LIMIT 1",
+                        (namespace, key, now),
+                    ).fetchone()
+                    if busy is not None:
+                        skipped += 1
+                        continue
+                for freed_rank, _ in _drop_key(conn, namespace, key, now):
+                    freed[(namespace, freed_rank)] += 1
+                    if freed_rank == rank:
+                        used -= 1
+                dropped += 1
+        _finish(conn, freed, {namespace: dropped}, reason)
+        evicted += dropped
     return evicted
 
 
@@ -298,28 +365,69 @@ def invalidate_pages(
     return dropped
 
 
+# Admin candidates of one namespace: `key_lru_by_age` walked from just after the last
+# key a batch returned (:after_access, :after_depth, :after_key: keyset paging, so a
+# batch never re-walks the keys before it), keys older than :before, none pending.
+# Leased keys may go (their pages wait for the lease); pinned ones only when asked.
+_ADMIN_BATCH = 1024
+ADMIN_VICTIMS = (
+    "SELECT l.last_access, -l.depth, l.namespace, l.key FROM key_lru l INDEXED BY key_lru_by_age"
+    " WHERE l.namespace = :ns AND l.last_access >= :after_access AND l.last_access < :before"
+    " AND (l.last_access > :after_access OR l.depth < :after_depth"
+    " OR (l.depth = :after_depth AND l.key > :after_key))"
+    " AND NOT EXISTS (SELECT 1 FROM entries e INDEXED BY entries_by_key"
+    " WHERE e.namespace = l.namespace AND e.key = l.key AND e.state = 0) {pins}"
+    " ORDER BY l.last_access ASC, l.depth DESC, l.key ASC LIMIT :limit"
+)
+_ADMIN_NOT_PINNED = (
+    " AND NOT EXISTS (SELECT 1 FROM pins p WHERE p.namespace = l.namespace AND p.key = l.key"
+    " AND (p.expires = 0 OR p.expires > :now))"
+)
+
+
+def _admin_walk(
+    conn: sqlite3.Connection, query: str, namespace: str, now: float, before: float
+) -> Iterator[tuple[float, int, str, str]]:
+    """One namespace's admin candidates in eviction order, read a batch at a time (each
+    batch read whole before it is yielded: the caller deletes rows between batches)."""
+    after: tuple[float, int, str] = (float("-inf"), 2**62, "")
+    while True:
+        rows = conn.execute(
+            query,
+            {
+                "ns": namespace,
+                "now": now,
+                "before": before,
+                "after_access": after[0],
+                "after_depth": after[1],
+                "after_key": after[2],
+                "limit": _ADMIN_BATCH,
+            },
+        ).fetchall()
+        yield from rows
+        if len(rows) < _ADMIN_BATCH:
+            return
+        last_access, negative_depth, _, key = rows[-1]
+        after = (last_access, -negative_depth, key)
+
+
 def choose_admin_victims(
     conn: sqlite3.Connection, request: EvictRequest, now: float
-) -> list[tuple[str, str]]:
+) -> Iterator[tuple[str, str]]:
     """The eviction decision of `hf3fsctl evict`: committed keys of the request's scope
     (leased ones too; pinned ones only with `include_pinned`), LRU first, chain tails
-    first among equally old keys; `evict_entries` stops at the request's target. Redis:
-    `redis/lua/evict.lua`."""
-    where = "" if request.include_pinned else NOT_PINNED
-    named: dict[str, object] = {"now": now}
+    first among equally old keys, lazily: each namespace's `key_lru_by_age` walk in
+    batches, merged, so `evict_entries` reads only as far as the request's target
+    (O(k log n) for k keys evicted). Redis: `redis/lua/evict.lua`."""
+    query = ADMIN_VICTIMS.format(pins="" if request.include_pinned else _ADMIN_NOT_PINNED)
+    before = float("inf") if request.older_than_s is None else now - request.older_than_s
     if request.namespace:
-        where = " AND ".join(filter(None, ["e.namespace = :ns", where]))
-        named["ns"] = request.namespace
-    having = "HAVING SUM(e.state = 0) = 0"
-    if request.older_than_s is not None:
-        having += " AND MAX(e.last_access) < :before"
-        named["before"] = now - request.older_than_s
-    return conn.execute(
-        f"SELECT e.namespace, e.key FROM entries e {'WHERE ' + where if where else ''}"
-        f" GROUP BY e.namespace, e.key {having}"
-        " ORDER BY MAX(e.last_access) ASC, MAX(e.depth) DESC",
-        named,
-    ).fetchall()
+        names = [request.namespace]
+    else:
+        names = [ns for (ns,) in conn.execute("SELECT id FROM namespaces ORDER BY id")]
+    walks = [_admin_walk(conn, query, ns, now, before) for ns in names]
+    for _, _, ns, key in heapq.merge(*walks) if len(walks) != 1 else walks[0]:
+        yield ns, key
 
 
 def evict_entries(

@@ -144,6 +144,7 @@ def _migrate(conn: sqlite3.Connection, path: str) -> int:
     try:
         fill_lru = not schema.has_key_lru(conn)
         conn.executescript("BEGIN IMMEDIATE;" + schema.DDL)  # tables and indexes added since
+        schema.add_open_columns(conn)
         if fill_lru:
             conn.execute(schema.KEY_LRU_FILL)
         sql = schema.migration_sql(version, columns)

@@ -143,6 +143,7 @@ def drop_namespace(
         ("pins", "namespace"),
         ("evictions", "namespace"),
         ("writers", "namespace"),
+        ("admission", "namespace"),
         ("namespaces", "id"),
     ):
         conn.execute(f"DELETE FROM {table} WHERE {column} = ?", (namespace,))

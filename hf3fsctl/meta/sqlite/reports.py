@@ -22,8 +22,10 @@ def store_stats(
     quotas: dict[str, int],
     max_pinned: int | None,
     now: float,
+    expiry: bool = True,
 ) -> StoreStats:
-    """Usage and traffic of every namespace, and totals against the capacity."""
+    """Usage and traffic of every namespace, and totals against the capacity (`expiry`
+    False: a read-only store written before expiry and admission, which has neither)."""
     usage = {
         row[0]: row[1:]
         for row in conn.execute(
@@ -50,6 +52,18 @@ def store_stats(
         "SELECT namespace, reason, keys, bytes FROM evictions"
     ):
         evicted.setdefault(ns, {})[reason] = [keys, nbytes]
+    expiring: dict[str, tuple[int, int]] = {}
+    skipped: dict[str, int] = {}
+    if expiry:  # the keys with an expiry: `key_lru_by_expiry` (only those are in it)
+        expiring = {
+            ns: (count, expired or 0)
+            for ns, count, expired in conn.execute(
+                "SELECT namespace, COUNT(*), SUM(expires_at <= ?) FROM key_lru"
+                " INDEXED BY key_lru_by_expiry WHERE expires_at IS NOT NULL GROUP BY namespace",
+                (now,),
+            )
+        }
+        skipped = dict(conn.execute("SELECT id, admission_skipped FROM namespaces").fetchall())
     sizes = key_bytes(conn)
     quota_of: dict[str, int] = {}
     for scope, limit in quota_scopes(conn, quotas):
@@ -81,6 +95,9 @@ def store_stats(
                 last_access=accessed,
                 last_used=max(last_used, accessed or 0.0),
                 evicted=evicted.get(ns, {}),
+                admission_skipped=skipped.get(ns, 0),
+                expiring_keys=expiring.get(ns, (0, 0))[0],
+                expired_keys=expiring.get(ns, (0, 0))[1],
             )
         )
     return StoreStats.summed(namespaces, capacity, max_pinned)

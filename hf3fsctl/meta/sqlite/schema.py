@@ -25,8 +25,15 @@ Tables:
 - `evictions`: keys and bytes evicted per namespace and reason (capacity, quota,
   file_full, admin, corrupt), cumulative, for `stats` and Prometheus.
 - `key_lru`: one row per (namespace, key) with entries: its latest last access,
-  greatest depth and committed rank count, indexed by (namespace, last_access,
-  depth DESC) for eviction; `lookup` probes it by key.
+  greatest depth, committed rank count and earliest expiry, indexed by (namespace,
+  last_access, depth DESC) for eviction and by (namespace, expires_at) for the expired
+  keys eviction takes first; `lookup` probes it by key.
+- `entries.expires_at` / `renew_s` (issue 22): when a committed entry expires (commit
+  time + `retention_s`; NULL never) and the retention a `locate` renews it by
+  (`renew_on_read`; NULL: reads never renew).
+- `admission` / `admission_size`: `admit`'s sighting counts per (namespace, key), at
+  most `admission.ADMISSION_TRACKED_KEYS` rows (least recently seen dropped first);
+  `namespaces.admission_skipped` counts the keys it answered False.
 - `changes`: an append-only log, written by triggers, of every (namespace, key) that
   gained (+1) or lost (-1) a committed rank, for followers (KV events); old rows are
   pruned.
@@ -70,7 +77,8 @@ CREATE TABLE IF NOT EXISTS namespaces (
     lookups INTEGER NOT NULL DEFAULT 0,
     lookup_keys INTEGER NOT NULL DEFAULT 0,
     hit_keys INTEGER NOT NULL DEFAULT 0,
-    last_used REAL NOT NULL DEFAULT 0
+    last_used REAL NOT NULL DEFAULT 0,
+    admission_skipped INTEGER NOT NULL DEFAULT 0
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS writers (
     namespace TEXT NOT NULL,
@@ -107,6 +115,8 @@ CREATE TABLE IF NOT EXISTS entries (
     deadline REAL,
     lease_until REAL NOT NULL DEFAULT 0,
     page_free_at REAL NOT NULL DEFAULT 0,
+    expires_at REAL,
+    renew_s REAL,
     PRIMARY KEY (namespace, rank, page)
 ) WITHOUT ROWID;
 CREATE UNIQUE INDEX IF NOT EXISTS entries_by_key ON entries (namespace, key, rank);
@@ -173,6 +183,7 @@ CREATE TABLE IF NOT EXISTS key_lru (
     last_access REAL NOT NULL,
     depth INTEGER NOT NULL,
     committed INTEGER NOT NULL,
+    expires_at REAL,
     PRIMARY KEY (namespace, key)
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS key_lru_by_age ON key_lru (namespace, last_access, depth DESC);
@@ -221,11 +232,99 @@ BEGIN
 END;
 """
 KEY_LRU_FILL = (
-    "INSERT OR IGNORE INTO key_lru (namespace, key, last_access, depth, committed)"
-    " SELECT namespace, key, MAX(last_access), MAX(depth), SUM(state = 1) FROM entries"
-    " GROUP BY namespace, key"
+    "INSERT OR IGNORE INTO key_lru (namespace, key, last_access, depth, committed, expires_at)"
+    " SELECT namespace, key, MAX(last_access), MAX(depth), SUM(state = 1),"
+    " MIN(CASE WHEN state = 1 THEN expires_at END) FROM entries GROUP BY namespace, key"
 )
 DDL += KEY_LRU_DDL
+
+
+# Issue 22, added on a writable open without a format step (nullable or defaulted
+# columns: an older process writing the store leaves them NULL, which means "never
+# expires"): (table, column, declaration).
+OPEN_COLUMNS = [
+    ("entries", "expires_at", "REAL"),  # commit time + retention_s; NULL: never expires
+    ("entries", "renew_s", "REAL"),  # the retention a locate renews by (renew_on_read)
+    ("key_lru", "expires_at", "REAL"),  # the earliest expiry of the key's committed entries
+    ("namespaces", "admission_skipped", "INTEGER NOT NULL DEFAULT 0"),
+]
+# Expiry and admission (issue 22), created once `OPEN_COLUMNS` exist:
+# - `key_lru.expires_at` is the earliest `expires_at` of the key's committed entries
+#   (kept by the two triggers below; a key is expired once any rank's entry is), and
+#   `key_lru_by_expiry` lists the keys that have one, soonest first: eviction takes the
+#   expired ones first by walking it (O(k log n)), lookups read the column per key.
+# - `admission`: one row per (namespace, key) seen by `admit`, its sightings and when it
+#   was last seen; `admission_by_age` finds the least recently seen to drop past the bound
+#   (`meta/sqlite/admission.py`), `admission_size` counts the rows (triggers) so the bound
+#   is checked without a scan.
+EXPIRY_DDL = """
+CREATE INDEX IF NOT EXISTS key_lru_by_expiry ON key_lru (namespace, expires_at)
+    WHERE expires_at IS NOT NULL;
+CREATE TRIGGER IF NOT EXISTS key_lru_on_expiry AFTER UPDATE OF expires_at ON entries
+WHEN new.expires_at IS NOT old.expires_at
+BEGIN
+    UPDATE key_lru SET expires_at = (
+        SELECT MIN(e.expires_at) FROM entries e INDEXED BY entries_by_key
+        WHERE e.namespace = new.namespace AND e.key = new.key AND e.state = 1)
+    WHERE namespace = new.namespace AND key = new.key;
+END;
+CREATE TRIGGER IF NOT EXISTS key_lru_expiry_on_delete AFTER DELETE ON entries
+WHEN old.expires_at IS NOT NULL
+BEGIN
+    UPDATE key_lru SET expires_at = (
+        SELECT MIN(e.expires_at) FROM entries e INDEXED BY entries_by_key
+        WHERE e.namespace = old.namespace AND e.key = old.key AND e.state = 1)
+    WHERE namespace = old.namespace AND key = old.key;
+END;
+CREATE TABLE IF NOT EXISTS admission (
+    namespace TEXT NOT NULL,
+    key TEXT NOT NULL,
+    seen INTEGER NOT NULL,
+    last_seen REAL NOT NULL,
+    PRIMARY KEY (namespace, key)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS admission_by_age ON admission (last_seen);
+CREATE TABLE IF NOT EXISTS admission_size (
+    id INTEGER PRIMARY KEY CHECK (id = 0),
+    tracked INTEGER NOT NULL
+);
+INSERT OR IGNORE INTO admission_size VALUES (0, (SELECT COUNT(*) FROM admission));
+CREATE TRIGGER IF NOT EXISTS admission_on_insert AFTER INSERT ON admission
+BEGIN
+    UPDATE admission_size SET tracked = tracked + 1 WHERE id = 0;
+END;
+CREATE TRIGGER IF NOT EXISTS admission_on_delete AFTER DELETE ON admission
+BEGIN
+    UPDATE admission_size SET tracked = tracked - 1 WHERE id = 0;
+END;
+"""
+
+
+def has_column(conn: sqlite3.Connection, table: str, column: str) -> bool:
+    """Whether `table` has `column` (False for a missing table)."""
+    return any(row[1] == column for row in conn.execute(f"PRAGMA table_info({table})"))
+
+
+def add_open_columns(conn: sqlite3.Connection) -> None:
+    """Add `OPEN_COLUMNS` a store lacks, then `EXPIRY_DDL` (inside a write transaction)."""
+    for table, column, declaration in OPEN_COLUMNS:
+        if not has_column(conn, table, column):
+            conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} {declaration}")
+    for statement in _statements(EXPIRY_DDL):
+        conn.execute(statement)
+
+
+def _statements(script: str) -> list[str]:
+    """The statements of a DDL script (triggers kept whole: they end with END;)."""
+    parts: list[str] = []
+    current = ""
+    for piece in script.split(";"):
+        current += piece + ";"
+        if sqlite3.complete_statement(current):
+            if current.strip(" \n;"):
+                parts.append(current.strip())
+            current = ""
+    return parts
 
 
 def has_key_lru(conn: sqlite3.Connection) -> bool:
@@ -347,6 +446,21 @@ INVARIANT_QUERIES: list[tuple[str, str]] = [
                        WHERE e.namespace = l.namespace AND e.key = l.key) AS latest
                FROM key_lru l)
            WHERE last_access < latest""",
+    ),
+    (
+        "key_lru row {}/{} expires at {} but its committed entries' earliest expiry is {}",
+        """SELECT namespace, key, expires_at, earliest FROM (
+               SELECT l.namespace, l.key, l.expires_at,
+                      (SELECT MIN(e.expires_at) FROM entries e INDEXED BY entries_by_key
+                       WHERE e.namespace = l.namespace AND e.key = l.key
+                         AND e.state = 1) AS earliest
+               FROM key_lru l)
+           WHERE expires_at IS NOT earliest""",
+    ),
+    (
+        "admission_size counts {} tracked keys but admission holds {}",
+        """SELECT s.tracked, (SELECT COUNT(*) FROM admission) FROM admission_size s
+           WHERE s.tracked != (SELECT COUNT(*) FROM admission)""",
     ),
     (
         "entry {}/{} rank {} has no registered rank file",

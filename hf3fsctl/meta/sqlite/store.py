@@ -64,11 +64,12 @@ from hf3fsctl.meta.models import (
     WriterInfo,
 )
 from hf3fsctl.meta.policy import StorePolicy
+from hf3fsctl.meta.sqlite import admission, namespaces, pins, schema
 from hf3fsctl.meta.sqlite import capacity as room
-from hf3fsctl.meta.sqlite import namespaces, pins, schema
 from hf3fsctl.meta.sqlite.committed_index import leading_hits, prune_changes, read_changes
 from hf3fsctl.meta.sqlite.database import SqliteDatabase
 from hf3fsctl.meta.sqlite.eviction import (
+    drop_expired,
     evict_entries,
     evict_for_allocation,
     invalidate_pages,
@@ -149,6 +150,7 @@ class MetadataStore(SqliteDatabase, StoreCore):
         )
         with self._read() as conn:  # False only for a read-only reader of an older store
             self._has_key_lru = schema.has_key_lru(conn)
+            self._has_expiry = schema.has_column(conn, "key_lru", "expires_at")
         self._record_default_capacity()
         self._start_checkpointer()
 
@@ -292,7 +294,9 @@ class MetadataStore(SqliteDatabase, StoreCore):
     def _lookup(self, namespace: str, keys: Sequence[str]) -> int:
         with self._read() as conn:
             num_ranks = self._ranks_of(conn, namespace)
-            hits = leading_hits(conn, namespace, keys, num_ranks, self._has_key_lru)
+            hits = leading_hits(
+                conn, namespace, keys, num_ranks, time.time(), self._has_key_lru, self._has_expiry
+            )
         self._count_lookup(namespace, len(keys), hits)
         return hits
 
@@ -311,20 +315,31 @@ class MetadataStore(SqliteDatabase, StoreCore):
     def _locate_rows(
         self, namespace: str, rank: int, keys: Sequence[str]
     ) -> dict[str, tuple[int, str, int]]:
-        """`(page, checksum, size)` of each committed key of `keys`; takes the leases."""
+        """`(page, checksum, size)` of each committed, unexpired key of `keys`; takes the
+        leases, and renews the expiry of entries committed with `renew_on_read`."""
         now = time.time()
         found: dict[str, tuple[int, str, int]] = {}
+        renew: list[int] = []
         with self._write() as conn:
             self._ranks_of(conn, namespace)
             for chunk in _chunks(keys):
-                for key, page, checksum, size in conn.execute(
-                    "SELECT key, page, checksum, size FROM entries INDEXED BY entries_by_key"
-                    " WHERE namespace = ?"
-                    f" AND key IN ({_placeholders(len(chunk))}) AND rank = ? AND state = 1",
-                    (namespace, *chunk, rank),
+                for key, page, checksum, size, renew_s in conn.execute(
+                    "SELECT key, page, checksum, size, renew_s FROM entries"
+                    " INDEXED BY entries_by_key WHERE namespace = ?"
+                    f" AND key IN ({_placeholders(len(chunk))}) AND rank = ? AND state = 1"
+                    " AND (expires_at IS NULL OR expires_at > ?)",
+                    (namespace, *chunk, rank, now),
                 ):
                     found[key] = (page, checksum, size)
+                    if renew_s is not None:
+                        renew.append(page)
             pages = sorted({row[0] for row in found.values()})
+            for chunk_pages in _chunks(renew):
+                conn.execute(
+                    "UPDATE entries SET expires_at = ? + renew_s WHERE namespace = ?"
+                    f" AND rank = ? AND page IN ({_placeholders(len(chunk_pages))})",
+                    (now, namespace, rank, *chunk_pages),
+                )
             for chunk_pages in _chunks(pages):
                 conn.execute(
                     "UPDATE entries SET hits = hits + 1, last_access = ?,"
@@ -361,15 +376,26 @@ class MetadataStore(SqliteDatabase, StoreCore):
             num_pages, _, used = self._rank_file(conn, namespace, rank)
             known: dict[str, tuple[int, int, float | None]] = {}
             for chunk in _chunks(unique):
-                for key, state, page, deadline in conn.execute(
-                    "SELECT key, state, page, deadline FROM entries INDEXED BY entries_by_key"
-                    " WHERE namespace = ?"
+                for key, state, page, deadline, expires_at in conn.execute(
+                    "SELECT key, state, page, deadline, expires_at FROM entries"
+                    " INDEXED BY entries_by_key WHERE namespace = ?"
                     f" AND key IN ({_placeholders(len(chunk))}) AND rank = ?",
                     (namespace, *chunk, rank),
                 ):
-                    known[key] = (state, page, deadline)
+                    # a pending entry's third field is its writer's deadline, a
+                    # committed one's its expiry
+                    known[key] = (state, page, deadline if state == schema.PENDING else expires_at)
             regrant: list[tuple[float, int, str]] = []
             new_keys: list[str] = []
+            expired = [
+                key
+                for key, (state, _, expires_at) in known.items()
+                if state == schema.COMMITTED and expires_at is not None and expires_at <= now
+            ]
+            if expired:  # absent for a save too: dropped on every rank, saved anew
+                drop_expired(conn, namespace, expired, now)
+                for key in expired:
+                    del known[key]
             for key in unique:
                 entry = known.get(key)
                 if entry is None:
@@ -420,21 +446,51 @@ class MetadataStore(SqliteDatabase, StoreCore):
 
     def _commit(self, namespace: str, rank: int, items: Sequence[CommitItem]) -> int:
         now = time.time()
+        plain = [item for item in items if item.retention_s is None]
+        expiring = [item for item in items if item.retention_s is not None]
+        committed = 0
         with self._write() as conn:
             self._rank_file(conn, namespace, rank)
-            cursor = conn.executemany(
-                "UPDATE entries SET state = 1, checksum = ?, size = ?, deadline = NULL,"
-                " last_access = ? WHERE namespace = ? AND rank = ? AND page = ? AND key = ?"
-                " AND state = 0",
-                [
-                    (item.checksum, item.size, now, namespace, rank, item.page, item.key)
-                    for item in items
-                ],
-            )
+            if plain:  # no expiry named: the expiry triggers are not even considered
+                committed += conn.executemany(
+                    "UPDATE entries SET state = 1, checksum = ?, size = ?, deadline = NULL,"
+                    " last_access = ? WHERE namespace = ? AND rank = ? AND page = ?"
+                    " AND key = ? AND state = 0",
+                    [
+                        (item.checksum, item.size, now, namespace, rank, item.page, item.key)
+                        for item in plain
+                    ],
+                ).rowcount
+            if expiring:
+                committed += conn.executemany(
+                    "UPDATE entries SET state = 1, checksum = ?, size = ?, deadline = NULL,"
+                    " last_access = ?, expires_at = ?, renew_s = ? WHERE namespace = ?"
+                    " AND rank = ? AND page = ? AND key = ? AND state = 0",
+                    [
+                        (
+                            item.checksum,
+                            item.size,
+                            now,
+                            now + float(item.retention_s or 0),
+                            item.retention_s if item.renew_on_read else None,
+                            namespace,
+                            rank,
+                            item.page,
+                            item.key,
+                        )
+                        for item in expiring
+                    ],
+                ).rowcount
+            admission.forget_committed(conn, namespace, [item.key for item in items])
             self._commits += 1
             if self._commits % 512 == 0:
                 prune_changes(conn)
-            return max(cursor.rowcount, 0)
+            return max(committed, 0)
+
+    def _admit(self, namespace: str, keys: list[str], after_hits: int) -> list[bool]:
+        with self._write() as conn:
+            self._ranks_of(conn, namespace)  # NotFound
+            return admission.admit_keys(conn, namespace, keys, after_hits, time.time())
 
     def _release(self, namespace: str, rank: int, allocations: Sequence[Allocation]) -> int:
         now = time.time()
@@ -505,6 +561,7 @@ class MetadataStore(SqliteDatabase, StoreCore):
                 quotas=self.policy.quota_bytes(cap),
                 max_pinned=self.policy.max_pinned_bytes(cap),
                 now=time.time(),
+                expiry=self._has_expiry,
             )
 
     # --- pins and namespace clean-up ---------------------------------------------------
@@ -541,10 +598,11 @@ class MetadataStore(SqliteDatabase, StoreCore):
 
     def _list_entries(self, namespace: str | None, limit: int, offset: int) -> list[EntryInfo]:
         where, args = ("WHERE namespace = ?", [namespace]) if namespace else ("", [])
+        expires = "expires_at" if self._has_expiry else "NULL"
         with self._read() as conn:
             rows = conn.execute(
                 "SELECT namespace, key, rank, page, size, checksum, state, depth, created,"
-                f" last_access, hits FROM entries {where}"
+                f" last_access, hits, {expires} FROM entries {where}"
                 " ORDER BY last_access DESC, depth ASC, key, rank LIMIT ? OFFSET ?",
                 (*args, limit, offset),
             ).fetchall()
@@ -563,6 +621,7 @@ class MetadataStore(SqliteDatabase, StoreCore):
                 last_access=r[9],
                 hits=r[10],
                 pinned=(r[0], r[1]) in pinned,
+                expires_at=r[11],
             )
             for r in rows
         ]
@@ -580,6 +639,8 @@ class MetadataStore(SqliteDatabase, StoreCore):
             lru = schema.has_key_lru(conn)  # a read-only reader of an older store: none
             for template, query in schema.INVARIANT_QUERIES:
                 if not lru and schema.KEY_LRU_TABLE in query:
+                    continue
+                if not self._has_expiry and ("expires_at" in query or "admission" in query):
                     continue
                 problems.extend(template.format(*row) for row in conn.execute(query))
         return problems

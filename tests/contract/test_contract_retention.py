@@ -1,0 +1,215 @@
+"""The contract's retention (issue 22): entries that expire, renewed by reads only when
+asked, evicted before any LRU victim, never served once expired (even while pinned).
+
+Times are the store's clock; the tests sleep past a 1 s retention with a wide margin
+and assert only what the measured times imply (no tight wall-clock thresholds).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import pytest
+from contract_backends import ALL_BACKENDS, Backend
+from helpers.meta_builders import PAGE_BYTES, checksum, keys, register, store_keys
+
+from hf3fsctl.errors import InvalidRequest
+from hf3fsctl.meta.models import CommitItem
+from hf3fsctl.meta.protocol import MetadataClient
+
+BACKENDS = ALL_BACKENDS
+RETENTION_S = 1.0
+MARGIN_S = 0.5  # what a measured time must clear an expiry by before a test relies on it
+
+
+@pytest.fixture
+def store(backend: Backend) -> MetadataClient:
+    return backend.open(high_watermark=0.8, low_watermark=0.5, lease_s=0.1)
+
+
+def store_expiring(
+    client: MetadataClient,
+    ns: str,
+    chain: list[str],
+    retention_s: float = RETENTION_S,
+    renew_on_read: bool = False,
+) -> float:
+    """Allocate and commit `chain` on rank 0 with a retention; returns when (before the
+    commit was sent: the entries expire at least `retention_s` after it)."""
+    result = client.allocate(ns, 0, chain)
+    assert not result.no_space
+    sent = time.time()
+    items = [
+        CommitItem(
+            key=a.key,
+            page=a.page,
+            checksum=checksum(a.key, a.page),
+            size=PAGE_BYTES,
+            retention_s=retention_s,
+            renew_on_read=renew_on_read,
+        )
+        for a in result.allocated
+    ]
+    assert client.commit(ns, 0, items) == len(chain)
+    return sent
+
+
+def wait_until(condition: Callable[[], bool], timeout_s: float = 10.0) -> float:
+    """Poll `condition` until true; returns the time it was first seen true."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.05)
+    return time.time()
+
+
+def test_an_entry_is_gone_once_its_retention_has_passed(store: MetadataClient) -> None:
+    ns = register(store)
+    chain = keys(3)
+    sent = store_expiring(store, ns, chain)
+    present = store.lookup(ns, chain)
+    if time.time() - sent < RETENTION_S - MARGIN_S:  # asked well within the retention
+        assert present == 3
+        assert all(store.locate(ns, 0, chain))
+    time.sleep(RETENTION_S + MARGIN_S)
+    assert store.lookup(ns, chain) == 0
+    assert store.locate(ns, 0, chain) == [None, None, None]
+
+
+def test_a_key_counts_only_while_unexpired_on_every_rank(store: MetadataClient) -> None:
+    ns = register(store, tp_size=2)
+    chain = keys(2)
+    store_keys(store, ns, chain, ranks=2)  # no retention
+    assert store.lookup(ns, chain) == 2
+    other = keys(2, salt="r")
+    store_keys(store, ns, other, ranks=1)  # rank 1 never expires …
+    result = store.allocate(ns, 1, other)
+    sent = time.time()
+    store.commit(  # … rank 1's copy does
+        ns,
+        1,
+        [
+            CommitItem(
+                key=a.key,
+                page=a.page,
+                checksum=checksum(a.key, a.page),
+                size=PAGE_BYTES,
+                retention_s=RETENTION_S,
+            )
+            for a in result.allocated
+        ],
+    )
+    present = store.lookup(ns, other)
+    if time.time() - sent < RETENTION_S - MARGIN_S:
+        assert present == 2
+    time.sleep(RETENTION_S + MARGIN_S)
+    assert store.lookup(ns, other) == 0
+    assert store.locate(ns, 0, other) != [None, None]  # rank 0's copy is still served
+    assert store.lookup(ns, chain) == 2
+
+
+def test_an_expired_entry_is_evicted_before_older_unexpired_ones(store: MetadataClient) -> None:
+    ns = register(store, num_pages=10)
+    old = keys(4, salt="old")
+    store_keys(store, ns, old)  # the least recently used, but kept
+    time.sleep(0.01)
+    expiring = keys(4, salt="expiring")
+    store_expiring(store, ns, expiring)
+    time.sleep(RETENTION_S + MARGIN_S)
+    store_keys(store, ns, keys(1, start=100))  # 9 of 10 pages > 0.8: evicts to 0.5
+    assert store.lookup(ns, old) == 4
+    assert {e.key for e in store.list_entries(ns, limit=100)}.isdisjoint(expiring)
+    evicted = next(n for n in store.stats().namespaces if n.id == ns).evicted
+    assert evicted["expired"][0] == 4
+
+
+def test_an_expired_key_is_saved_anew(store: MetadataClient) -> None:
+    ns = register(store)
+    chain = keys(2)
+    store_expiring(store, ns, chain)
+    time.sleep(RETENTION_S + MARGIN_S)
+    result = store.allocate(ns, 0, chain)
+    assert sorted(a.key for a in result.allocated) == sorted(chain)
+    assert result.existing == []
+    store.commit(
+        ns,
+        0,
+        [
+            CommitItem(key=a.key, page=a.page, checksum=checksum(a.key, a.page), size=PAGE_BYTES)
+            for a in result.allocated
+        ],
+    )
+    assert store.lookup(ns, chain) == 2
+
+
+def test_a_read_renews_only_an_entry_committed_with_renew_on_read(store: MetadataClient) -> None:
+    ns = register(store)
+    retention_s = 2.0
+    renewed, plain = keys(1, salt="renew"), keys(1, salt="plain")
+    sent = store_expiring(store, ns, renewed, retention_s, renew_on_read=True)
+    store_expiring(store, ns, plain, retention_s)
+    time.sleep(retention_s / 4)
+    read_at = time.time()
+    located = store.locate(ns, 0, renewed + plain)
+    if time.time() - sent < retention_s - MARGIN_S:
+        assert None not in located
+    # the plain entry expires at its commit + retention, read or not …
+    wait_until(lambda: store.lookup(ns, plain) == 0)
+    held = store.lookup(ns, renewed)
+    if time.time() < read_at + retention_s - MARGIN_S / 2:  # … the renewed one later
+        assert held == 1
+    wait_until(lambda: store.lookup(ns, renewed) == 0)  # a renewal is not forever
+
+
+def test_a_pinned_expired_entry_is_not_evicted_and_not_served(store: MetadataClient) -> None:
+    ns = register(store, num_pages=10)
+    old = keys(4, salt="old")
+    store_keys(store, ns, old)
+    time.sleep(0.01)
+    pinned = keys(4, salt="pinned")
+    store_expiring(store, ns, pinned)
+    store.pin(ns, pinned)
+    time.sleep(RETENTION_S + MARGIN_S)
+    assert store.lookup(ns, pinned) == 0
+    assert store.locate(ns, 0, pinned) == [None] * 4
+    store_keys(store, ns, keys(1, start=100))  # eviction: the unpinned old keys go
+    held = {e.key for e in store.list_entries(ns, limit=100)}
+    assert set(pinned) <= held
+    assert store.lookup(ns, old) < 4
+
+
+def test_entries_list_their_expiry(store: MetadataClient) -> None:
+    ns = register(store)
+    store_keys(store, ns, keys(1, salt="forever"))
+    sent = store_expiring(store, ns, keys(1, salt="expiring"), retention_s=3600)
+    by_key = {e.key: e for e in store.list_entries(ns)}
+    assert by_key[keys(1, salt="forever")[0]].expires_at is None
+    expires_at = by_key[keys(1, salt="expiring")[0]].expires_at
+    assert expires_at is not None and sent + 3600 <= expires_at <= time.time() + 3600
+
+
+def test_stats_count_expiring_and_expired_keys(store: MetadataClient) -> None:
+    ns = register(store)
+    store_keys(store, ns, keys(2, salt="forever"))
+    store_expiring(store, ns, keys(3, salt="soon"))
+    store_expiring(store, ns, keys(1, salt="later"), retention_s=3600)
+    time.sleep(RETENTION_S + MARGIN_S)
+    stats = next(n for n in store.stats().namespaces if n.id == ns)
+    assert (stats.expiring_keys, stats.expired_keys) == (4, 3)
+
+
+@pytest.mark.parametrize("retention_s", [0.0, -1.0, float("inf"), float("nan")])
+def test_a_retention_must_be_positive_and_finite(store: MetadataClient, retention_s: float) -> None:
+    ns = register(store)
+    allocated = store.allocate(ns, 0, keys(1)).allocated[0]
+    item = CommitItem.model_construct(
+        key=allocated.key,
+        page=allocated.page,
+        checksum="ab",
+        size=PAGE_BYTES,
+        retention_s=retention_s,
+        renew_on_read=False,
+    )
+    with pytest.raises(InvalidRequest):
+        store.commit(ns, 0, [item])
