@@ -25,11 +25,15 @@ def _connector_status_files(tmp_path_factory: pytest.TempPathFactory) -> None:
 def _engine_zygote(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[None]:
-    """One engine zygote per session that runs vLLM engines (tests using `tiny_model`):
-    it imports vLLM once and forks each eligible `run_engine` (hf3fsctl.vllm_tools.zygote),
-    instead of a `python -m` start that spends ~6-12 s importing. Off with
+    """Two engine zygotes per session that runs vLLM engines (tests using `tiny_model`),
+    each importing vLLM once and forking a child per run (hf3fsctl.vllm_tools.zygote)
+    instead of a `python -m` start that spends ~6-12 s importing: one for `run_engine`
+    (its socket in ENGINE_ZYGOTE_SOCKET, started with `runner.child_env()`), one for the
+    CLI (`helpers.cli_runner.run_hf3fsctl`, CLI_ZYGOTE_SOCKET, `cli_env()`). Off with
     ENGINE_ZYGOTE_SOCKET=0; never on outside the test suite.
     """
+    from helpers.cli_runner import CLI_ZYGOTE_ENV, cli_env
+
     from hf3fsctl.vllm_tools.runner import child_env
     from hf3fsctl.vllm_tools.zygote import ZYGOTE_ENV, Zygote
 
@@ -37,15 +41,21 @@ def _engine_zygote(
     engines = any("tiny_model" in item.fixturenames for item in request.session.items)
     if not (wanted and engines):
         os.environ.pop(ZYGOTE_ENV, None)
+        os.environ.pop(CLI_ZYGOTE_ENV, None)
         yield
         return
-    zygote = Zygote.start(tmp_path_factory.mktemp("zygote") / "z.sock", child_env())
-    os.environ[ZYGOTE_ENV] = str(zygote.path)
+    directory = tmp_path_factory.mktemp("zygote")
+    started = {
+        ZYGOTE_ENV: Zygote.start(directory / "engine.sock", child_env()),
+        CLI_ZYGOTE_ENV: Zygote.start(directory / "cli.sock", cli_env()),
+    }
+    os.environ.update({name: str(zygote.path) for name, zygote in started.items()})
     try:
         yield
     finally:
-        os.environ.pop(ZYGOTE_ENV, None)
-        zygote.stop()
+        for name, zygote in started.items():
+            os.environ.pop(name, None)
+            zygote.stop()
 
 
 @pytest.fixture(scope="session")

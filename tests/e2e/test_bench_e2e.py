@@ -1,7 +1,7 @@
 """`hf3fsctl bench e2e`: the real CLI on real vLLM (`--quick`), and its `--url` client.
 
-One `--quick` run (tiny model, 2×2 prompts, about a minute) through the console entry
-point in a subprocess, with `--json`, `--json-out` and `--plot`: every configuration
+One `--quick` run (tiny model, 2×2 prompts, about a minute) as a fresh `python -m
+hf3fsctl` process (`helpers.cli_runner`), with `--json`, `--json-out` and `--plot`: every configuration
 must reproduce the no-connector outputs, the figures must be sane and the ratios to the
 ceilings present, and the plot a real PNG. No wall-clock thresholds. The `--url` mode is
 checked against a small streaming stub on loopback, and a non-loopback URL is refused.
@@ -10,7 +10,6 @@ checked against a small streaming stub on loopback, and a non-loopback URL is re
 from __future__ import annotations
 
 import json
-import sys
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -18,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers.cli_runner import run_hf3fsctl
 from typer.testing import CliRunner
 
 from hf3fsctl.bench.e2e import lmcache_available
@@ -34,14 +34,9 @@ PEER = ("example-cold", "example-warm")
 def quick_run(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path) -> dict[str, Any]:
     """`hf3fsctl bench e2e --quick --peer example --peer lmcache --json --plot ...`, once,
     on the session's tiny model (the one `--quick` would build: SIZES["tiny"])."""
-    import subprocess
-
     tmp = tmp_path_factory.mktemp("bench-e2e")
     png, json_out = tmp / "e2e.png", tmp / "e2e.json"
-    argv = [
-        sys.executable,
-        "-m",
-        "hf3fsctl",
+    args = [
         "bench",
         "e2e",
         "--quick",
@@ -61,8 +56,7 @@ def quick_run(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path) -> dic
         "--plot",
         str(png),
     ]
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = run_hf3fsctl(*args, timeout=RUN_TIMEOUT_S, check=True)
     return {
         "document": json.loads(proc.stdout),  # exactly one JSON document on stdout
         "json_out": json_out,

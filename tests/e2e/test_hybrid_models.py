@@ -20,10 +20,7 @@ chunk then ends on a block boundary, where the state is written.
 from __future__ import annotations
 
 import json
-import os
 import random
-import subprocess
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,6 +28,7 @@ from typing import Any
 
 import pytest
 from e2e_scenario import RUN_TIMEOUT_S, E2EStore, make_store
+from helpers.cli_runner import run_hf3fsctl
 
 from hf3fsctl.vllm_tools.runner import EngineResult, EngineRun, run_engine, shared_prefix_prompts
 
@@ -213,16 +211,10 @@ def test_a_corrupt_page_of_one_group_still_gives_equal_tokens(runs: Runs) -> Non
 
 
 def _cli(*args: str, json_out: bool = True) -> dict[str, Any]:
-    env = os.environ | {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "HF_HUB_OFFLINE": "1"}
-    env.pop("PYTHONHASHSEED", None)
-    done = subprocess.run(
-        [sys.executable, "-m", "hf3fsctl", *args, *(["--json"] if json_out else [])],
-        capture_output=True,
-        text=True,
-        timeout=RUN_TIMEOUT_S,
-        env=env,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
+    """`hf3fsctl ARGS [--json]` (`warm` at TP 1 runs its engine in its own process, offline:
+    tests/conftest.py sets HF_HUB_OFFLINE; `cli_env` drops PYTHONHASHSEED)."""
+    json_flag = ["--json"] if json_out else []
+    done = run_hf3fsctl(*args, *json_flag, timeout=RUN_TIMEOUT_S, check=True)
     document: dict[str, Any] = json.loads(done.stdout) if json_out else {}
     return document
 

@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 from e2e_scenario import BLOCK, DTYPE, RUN_TIMEOUT_S
+from helpers.cli_runner import run_hf3fsctl
 
 from hf3fsctl.config import load_config
 from hf3fsctl.meta.client import connect
@@ -53,15 +54,7 @@ def words(rng: random.Random, count: int) -> str:
 
 
 def cli(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    done = subprocess.run(
-        [sys.executable, "-m", "hf3fsctl", *args],
-        capture_output=True,
-        text=True,
-        timeout=RUN_TIMEOUT_S,
-    )
-    if check:
-        assert done.returncode == 0, done.stderr[-3000:]
-    return done
+    return run_hf3fsctl(*args, timeout=RUN_TIMEOUT_S, check=check)
 
 
 def cli_json(*args: str) -> dict[str, Any]:

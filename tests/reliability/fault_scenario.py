@@ -10,7 +10,7 @@
   (`hf3fsctl.vllm_tools.runner`) that the test can SIGKILL or run beside another;
   `EngineProcess.result()` gives the same `EngineResult` as `run_engine`.
 - Page faults on disk: `flip_bytes`, `swap_pages`, `truncate_file`.
-- `cli`: the real `hf3fsctl` command in a subprocess.
+- `cli`: the real `hf3fsctl` command as a fresh process (`helpers.cli_runner`).
 """
 
 from __future__ import annotations
@@ -24,6 +24,8 @@ import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
+
+from helpers.cli_runner import run_hf3fsctl
 
 from hf3fsctl.vllm_tools.runner import (
     EngineResult,
@@ -275,13 +277,8 @@ def truncate_file(page: StoredPage) -> None:
 
 
 def cli(*args: str, timeout_s: float = RUN_TIMEOUT_S) -> subprocess.CompletedProcess[str]:
-    """`hf3fsctl ARGS` in a subprocess (not checked)."""
-    return subprocess.run(
-        [sys.executable, "-m", "hf3fsctl", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout_s,
-    )
+    """`hf3fsctl ARGS` as a fresh process (`helpers.cli_runner`; not checked)."""
+    return run_hf3fsctl(*args, timeout=timeout_s)
 
 
 def scrub(config: Path) -> list[dict[str, Any]]:
