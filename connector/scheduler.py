@@ -247,13 +247,15 @@ class SchedulerSide:
             if not keys or capture or not (state.saves or state.loads):
                 state.hit_blocks = 0
                 return True
+            admit = state.saves and self.after_hits > 1 and not state.admission_done
             if not self.guard.available() or not self.storage_available():
                 self.stats.add(misses=1)
                 state.hit_blocks = 0
+                if admit:  # not admitted: nothing is saved if the service comes back
+                    state.admitted_upto = 0
                 return True
             state.lookup_started = time.monotonic()
             limit = self._hit_limit(state.request, keys)
-            admit = state.saves and self.after_hits > 1 and not state.admission_done
             if admit:  # asked once per request; nothing is saved until it answers
                 state.admission_done, state.admitted_upto = True, 0
             state.lookup = self._pool.submit(
