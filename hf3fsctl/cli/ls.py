@@ -4,7 +4,8 @@ Keys are shown shortened (`shown_key`: 16 hex digits and "…"), which `pin`/`un
 --key` accept as a unique prefix; `--json` prints them whole.
 One row per (key, rank) entry: namespace, key prefix, rank, page, size, state
 (committed/pending), depth, hits, the age of the last access and whether the key is
-pinned. `--pins` lists live pins instead, newest first: namespace, key, when pinned,
+pinned (and, when some entry was committed with a retention, the time left before it
+expires: `expires in`, `expired`). `--pins` lists live pins instead, newest first: namespace, key, when pinned,
 when the pin expires and whether the key is stored now. `--writers` lists the engines
 that wrote to each namespace (their numerics; a warning where a namespace has more than
 one: `cli/writers.py`). `--json` prints the entries (or pins, or writers) in full
@@ -42,6 +43,13 @@ def show_pins(pins: list[PinInfo], limit: int) -> None:
     output.show(output.table(["namespace", "key", "pinned", "expires", "stored"], rows))
     if len(pins) == limit:
         output.info(f"showing the first {limit}; pass --limit for more")
+
+
+def expiry_cell(expires_at: float | None, now: float) -> str:
+    """When an entry expires, for people: `-` never, `expired`, or the time left."""
+    if expires_at is None:
+        return "-"
+    return "expired" if expires_at <= now else output.format_age(expires_at - now)
 
 
 def ls(
@@ -96,6 +104,8 @@ def ls(
     now = time.time()
     # A door column only when vLLM's offloading stack (`door: offload-tier`) wrote some.
     two_doors = any(doors.get(entry.namespace, "connector") != "connector" for entry in entries)
+    # An expiry column only when some entry was committed with a retention (issue 22).
+    expiring = any(entry.expires_at is not None for entry in entries)
     rows = [
         [
             entry.namespace,
@@ -109,6 +119,7 @@ def ls(
             entry.hits,
             output.format_age(now - entry.last_access),
             "yes" if entry.pinned else "-",
+            *([expiry_cell(entry.expires_at, now)] if expiring else []),
         ]
         for entry in entries
     ]
@@ -126,9 +137,10 @@ def ls(
                 "hits",
                 "last use",
                 "pinned",
+                *(["expires in"] if expiring else []),
             ],
             rows,
-            right=("rank", "page", "size", "depth", "hits", "last use"),
+            right=("rank", "page", "size", "depth", "hits", "last use", "expires in"),
         )
     )
     if len(entries) == limit:

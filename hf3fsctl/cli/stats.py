@@ -1,5 +1,9 @@
 """`hf3fsctl stats`: capacity, usage, hit rates and namespaces of the store.
 
+The summary shows keys turned away by admission (`admission skipped`) and keys with an
+expiry (`expiring`, how many expired) when there are any; every namespace's figures are
+in `--json` (`admission_skipped`, `expiring_keys`, `expired_keys`).
+
 `--json` prints one document: the store's `StoreStats` plus derived fields (usage,
 per-namespace lookup hit rate, the namespace's recorded writers) and the metadata URL,
 and `warnings` (a namespace written by engines with other numerics: `cli/writers.py`). `--watch SECONDS` redraws the
@@ -102,6 +106,7 @@ def render(
                 else ""
             ),
             "lookup hit rate": f"{output.format_ratio(hits, lookups)} ({hits} of {lookups} keys)",
+            **_issue_22_lines(stats),
         },
         title="hf3fsctl store",
     )
@@ -158,6 +163,19 @@ def render(
 
     warnings = [Text(f"warning: {line}", style="yellow") for line in writer_warnings(writers or {})]
     return Group(summary, "", table, *warnings)
+
+
+def _issue_22_lines(stats: StoreStats) -> dict[str, str]:
+    """Summary lines for admission and retention, where the store has seen either."""
+    lines: dict[str, str] = {}
+    skipped = sum(ns.admission_skipped for ns in stats.namespaces)
+    if skipped:
+        lines["admission skipped"] = f"{skipped} keys (seen fewer than store_after_hits times)"
+    expiring = sum(ns.expiring_keys for ns in stats.namespaces)
+    if expiring:
+        expired = sum(ns.expired_keys for ns in stats.namespaces)
+        lines["expiring"] = f"{expiring} keys ({expired} expired, evicted first)"
+    return lines
 
 
 def _writers_cell(found: list[WriterInfo]) -> str:

@@ -62,6 +62,16 @@ class _StoreCollector:
             "pinned_bytes": GaugeMetricFamily(
                 "hf3fsctl_pinned_bytes", "bytes held by pinned keys", labels=["namespace"]
             ),
+            "expiring_keys": GaugeMetricFamily(
+                "hf3fsctl_expiring_keys",
+                "keys held whose entries expire (committed with a retention)",
+                labels=["namespace"],
+            ),
+            "expired_keys": GaugeMetricFamily(
+                "hf3fsctl_expired_keys",
+                "keys held past their expiry (never loaded; evicted first)",
+                labels=["namespace"],
+            ),
         }
         store_gauges = {
             "capacity_bytes": GaugeMetricFamily(
@@ -86,7 +96,7 @@ class _StoreCollector:
         )
         evicted_keys = CounterMetricFamily(
             "hf3fsctl_evicted_keys",
-            "keys evicted, by reason (capacity, quota, file_full, admin, corrupt)",
+            "keys evicted, by reason (capacity, quota, file_full, expired, admin, corrupt)",
             labels=["namespace", "reason"],
         )
         evicted_bytes = CounterMetricFamily(
@@ -116,6 +126,11 @@ class _StoreCollector:
             ),
             "hit_keys": CounterMetricFamily(
                 "hf3fsctl_lookup_hit_keys", "keys found by lookups", labels=["namespace"]
+            ),
+            "admission_skipped": CounterMetricFamily(
+                "hf3fsctl_admission_skipped_keys",
+                "keys admit turned away (seen fewer than store_after_hits times)",
+                labels=["namespace"],
             ),
         }
         for ns in stats.namespaces:
