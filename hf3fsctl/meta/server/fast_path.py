@@ -13,12 +13,28 @@ This path reads FastAPI internals (`Dependant`, `APIRoute.get_route_handler`,
 or `HF3FSCTL_SERVER_FAST_PATH=0`): plain `APIRoute`s and no `DirectRoutes`, FastAPI's
 own parsing and dispatch for every request — the fallback should a FastAPI release
 change what this path relies on.
+
+Writer first (`install(app, writer_first=True)`: a store whose lookup runs on the event
+loop, SQLite): a lookup that arrives while a write (allocate, commit, release,
+invalidate, locate) is in flight waits — before its body is even parsed — until the
+oldest such write has answered, or `WRITER_FIRST_WAIT_S` at most. A lookup on the loop
+holds the GIL for its whole call, while the writer thread gives the GIL up around every
+SQLite call of its transaction and waits for it each time; beside 4 clients in tight
+lookup loops allocate + commit kept 16–34% of its solo rate (issue 21's bar: 30%), and
+~70% with this (the same run, rounds interleaved with a serve without it:
+benchmarks/bench_serve_starvation.py --baseline-tree), while those lookups fell to
+40–60% of their rate beside that tight writer — the price of the priority. The wait is
+bounded both ways: a lookup waits for one write (the oldest, not the ones queued
+behind it) and never longer than the cap, so lookups cannot starve either; a 3 ms cap
+kept the writer's share as 10 and 50 ms caps did.
 """
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import os
+from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
@@ -35,6 +51,15 @@ from hf3fsctl.meta.server.middleware import ASGIApp, Message, Receive, Scope, Se
 
 FAST_PATH_ENV = "HF3FSCTL_SERVER_FAST_PATH"  # "0": stock FastAPI routing and parsing
 
+# Writer first: the routes (by endpoint name) whose calls write through the writer
+# thread, the ones answered on the loop that yield to them, and the longest a yielding
+# call waits for the oldest write in flight (a write waiting on another process's
+# writer lock may take up to the store's busy timeout: lookups go on after this; it
+# bounds what the priority adds to a lookup's latency).
+WRITE_ROUTES = frozenset({"allocate", "commit", "release", "invalidate", "locate"})
+YIELDING_ROUTES = frozenset({"lookup"})
+WRITER_FIRST_WAIT_S = 0.005
+
 
 def fast_path_default() -> bool:
     """Whether the fast path is on unless the caller says (`HF3FSCTL_SERVER_FAST_PATH`)."""
@@ -46,9 +71,10 @@ def route_class(fast: bool) -> type[APIRoute]:
     return ModelBodyRoute if fast else APIRoute
 
 
-def install(app: FastAPI) -> None:
+def install(app: FastAPI, *, writer_first: bool = False) -> None:
     """Answer the body routes' well-formed requests before the router (`DirectRoutes`),
-    for the `ModelBodyRoute`s that have a direct call and a fixed path."""
+    for the `ModelBodyRoute`s that have a direct call and a fixed path; with
+    `writer_first`, lookups yield to the write in flight (module docstring)."""
     direct_routes = {
         (method, route.path): route
         for route in app.routes
@@ -58,7 +84,7 @@ def install(app: FastAPI) -> None:
         for method in route.methods
     }
     if direct_routes:
-        app.add_middleware(DirectRoutes, routes=direct_routes)
+        app.add_middleware(DirectRoutes, routes=direct_routes, writer_first=writer_first)
 
 
 class _ModelBodyRequest(Request):
@@ -203,9 +229,16 @@ class DirectRoutes:
     called directly, these routes ignore `app.dependency_overrides` (this app sets none).
     """
 
-    def __init__(self, app: ASGIApp, routes: dict[tuple[str, str], ModelBodyRoute]) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        routes: dict[tuple[str, str], ModelBodyRoute],
+        writer_first: bool = False,
+    ) -> None:
         self.app = app
         self.routes = routes
+        self.writer_first = writer_first
+        self.writes: deque[asyncio.Event] = deque()  # the writes in flight, oldest first
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         route = (
@@ -215,6 +248,30 @@ class DirectRoutes:
             await self.app(scope, receive, send)
             return
         scope["route"] = route  # what FastAPI's router sets (the metrics read its path)
+        if self.writer_first:
+            if route.name in WRITE_ROUTES:
+                await self._write(route, scope, receive, send)
+                return
+            if route.name in YIELDING_ROUTES and self.writes:
+                await _wait_for(self.writes[0], WRITER_FIRST_WAIT_S)
+        await self._answer(route, scope, receive, send)
+
+    async def _write(
+        self, route: ModelBodyRoute, scope: Scope, receive: Receive, send: Send
+    ) -> None:
+        """A write route's request, noted in flight (lookups yield to it) until answered."""
+        done = asyncio.Event()
+        self.writes.append(done)
+        try:
+            await self._answer(route, scope, receive, send)
+        finally:
+            self.writes.remove(done)
+            done.set()
+
+    async def _answer(
+        self, route: ModelBodyRoute, scope: Scope, receive: Receive, send: Send
+    ) -> None:
+        assert route.direct is not None and route.body_model is not None
         request = _ModelBodyRequest(scope, receive)
         await request.parse(route.body_model)
         if request.parsed is None:
@@ -225,6 +282,14 @@ class DirectRoutes:
         except Hf3fsctlError as exc:
             response = error_response(exc)
         await response(scope, receive, send)
+
+
+async def _wait_for(event: asyncio.Event, timeout_s: float) -> None:
+    """Until `event` is set, or `timeout_s` has passed."""
+    try:
+        await asyncio.wait_for(event.wait(), timeout_s)
+    except TimeoutError:
+        pass
 
 
 def _replay(body: bytes, receive: Receive) -> Receive:
