@@ -111,7 +111,7 @@ def create_app(
 
     app.openapi = openapi  # type: ignore[method-assign]
     if fast:
-        fast_path.install(app)
+        fast_path.install(app, writer_first=service.lookup_on_loop)
     app.add_middleware(BodyLimit, max_body_bytes=max_body_bytes)
     app.add_middleware(metrics.middleware)
     return app
