@@ -20,6 +20,11 @@ Contract:
     * `decide(params, role_saves, role_loads)` combines the engine's `kv_role` with the
       request's `save` / `load`: a request can only narrow what its engine's role
       allows (a consumer never saves, whatever a request asks).
+    * `save_terms(params, retention)`: the retention (the request's, else
+      `retention.default`; `renew_on_read` only with one) and pin its save jobs carry.
+    * `admitted_upto(hits, admitted)`: admission's prefix rule — the stored prefix plus
+      the admitted run right after it; the first key not admitted ends it (a block
+      whose parent is not stored can never be loaded). None: the whole prompt.
     * `pin_saved(call, namespace, keys, ttl_s)` pins keys after their save (the worker,
       rank 0) or load (the scheduler); a failed pin is a warning, never an error.
 
@@ -34,6 +39,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from hf3fsctl.config import RetentionConfig
 from hf3fsctl.config.units import parse_duration
 from hf3fsctl.errors import ConfigError
 
@@ -131,6 +137,24 @@ def decide(params: RequestParams, role_saves: bool, role_loads: bool) -> tuple[b
     saves = role_saves and params.save is not False
     loads = role_loads and params.load is not False
     return saves, loads
+
+
+def save_terms(params: RequestParams, retention: RetentionConfig) -> dict[str, Any]:
+    """A request's retention and pin, as the `SaveJob` fields of its save jobs."""
+    retention_s = params.retention_s if params.retention_s is not None else retention.default
+    return {
+        "retention_s": retention_s,
+        "renew_on_read": retention_s is not None and retention.renew_on_read,
+        "pin": params.pin,
+        "pin_ttl_s": params.pin_ttl_s,
+    }
+
+
+def admitted_upto(hits: int, admitted: Sequence[bool]) -> int | None:
+    """Blocks of a prompt that may be saved, given `admit`'s answer for its keys past
+    the `hits` stored ones (None: every prompt block, and decode blocks after them)."""
+    run = next((i for i, ok in enumerate(admitted) if not ok), len(admitted))
+    return None if run >= len(admitted) else hits + run
 
 
 def pin_saved(

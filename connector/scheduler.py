@@ -29,12 +29,10 @@ Contract:
       `retention.default`) and `pin` travel in its save jobs: the worker commits the
       entries with that expiry and pins them; keys it found stored are pinned here.
     * Admission (`connector.store_after_hits` N > 1; never asked otherwise): with the
-      lookup, off the engine thread, the store records one sighting of each prompt key
-      past the stored prefix (`admit`). Only the admitted run right after the stored
-      prefix is saved: the first key not admitted ends it, because a block whose parent
-      is not stored can never be loaded (lookups take the longest stored prefix).
-      Decode blocks are saved only when the whole prompt was admitted. A failed
-      `admit` saves nothing new for that request; a preempted request is not asked again.
+      lookup, off the engine thread, `admit` records one sighting of each prompt key
+      past the stored prefix; only the admitted run right after it is saved
+      (`request_params.admitted_upto`), decode blocks only when the whole prompt was.
+      A failed `admit` saves nothing new; a preempted request is not asked again.
     * Hybrid models (several KV cache groups, `groups`): the lookup is
       `hf3fsctl.kv_groups.longest_hit` below the last prompt token (every group must
       hold what the hit needs, or no load); a load plans one job per group for the
@@ -61,7 +59,7 @@ from hf3fsctl.kv_groups import FULL, MAMBA, SLIDING, GroupPlan, longest_hit
 
 from .events import StoreEvents, block_payloads
 from .metadata import Hf3fsctlConnectorMetadata, LoadJob, RequestState, SaveJob
-from .request_params import decide, parse_request_params, pin_saved
+from .request_params import admitted_upto, decide, parse_request_params, pin_saved, save_terms
 from .service import MetadataGuard, ServiceDown
 from .stats import StatsRecorder
 
@@ -209,8 +207,7 @@ class SchedulerSide:
         return hits, (self._admit(keys, hits) if admit else admitted_upto)
 
     def _admit(self, keys: list[str], hits: int) -> int | None:
-        """Blocks of the prompt that may be saved under admission: the stored prefix and
-        the admitted run right after it (None: all of them, and decode blocks after)."""
+        """`request_params.admitted_upto` of the store's answer for the keys past `hits`."""
         rest = keys[hits:]
         if not rest:
             return None
@@ -221,8 +218,7 @@ class SchedulerSide:
                 self._admit_warned = True
                 logger.warning("admission (store_after_hits) failed: %s; not saving", exc)
             return hits
-        run = next((i for i, ok in enumerate(admitted) if not ok), len(rest))
-        return None if run >= len(rest) else hits + run
+        return admitted_upto(hits, admitted)
 
     def _pin_stored(self, keys: list[str], ttl_s: float | None) -> None:
         """Pin a request's keys the store already holds (off the engine thread)."""
@@ -392,18 +388,6 @@ class SchedulerSide:
             return None
         return tuple(list(ids) for ids in state.resolve_block_ids(req_id))
 
-    def _save_terms(self, state: RequestState) -> dict[str, Any]:
-        """A request's retention and pin, as its save jobs carry them."""
-        retention = state.params.retention_s
-        if retention is None:
-            retention = self.config.retention.default
-        return {
-            "retention_s": retention,
-            "renew_on_read": retention is not None and self.config.retention.renew_on_read,
-            "pin": state.params.pin,
-            "pin_ttl_s": state.params.pin_ttl_s,
-        }
-
     def _group_saves(
         self,
         plan: GroupPlan,
@@ -421,7 +405,7 @@ class SchedulerSide:
         else:
             positions = list(range(start, full))
         positions = [p for p in positions if p < len(table) and table[p] != NULL_BLOCK_ID]
-        terms = self._save_terms(state)
+        terms = save_terms(state.params, self.config.retention)
         return [
             SaveJob(
                 request.request_id,

@@ -7,7 +7,13 @@ import logging
 from typing import Any
 
 import pytest
-from hf3fsctl_connector.request_params import RequestParams, decide, parse_request_params
+from hf3fsctl_connector.request_params import (
+    RequestParams,
+    admitted_upto,
+    decide,
+    parse_request_params,
+    save_terms,
+)
 
 from hf3fsctl.config import load_config, parse_duration
 from hf3fsctl.errors import ConfigError
@@ -147,3 +153,30 @@ def test_retention_config_keys_take_durations() -> None:
 def test_bad_retention_or_admission_config_names_the_key(key: str, value: object) -> None:
     with pytest.raises(ConfigError, match=key):
         load_config(None, overrides={key: value}, environ={})
+
+
+@pytest.mark.parametrize(
+    ("hits", "admitted", "expected"),
+    [
+        (0, [True, True], None),
+        (0, [False, True], 0),
+        (2, [True, False, True], 3),
+        (1, [True, True, False], 3),
+    ],
+    ids=["all", "first-refused", "run-ends-at-first-refusal", "last-refused"],
+)
+def test_admission_saves_the_run_after_the_stored_prefix(
+    hits: int, admitted: list[bool], expected: int | None
+) -> None:
+    assert admitted_upto(hits, admitted) == expected
+
+
+def test_save_terms_take_the_requests_retention_before_the_default() -> None:
+    config = load_config(
+        None, overrides={"retention.default": 60, "retention.renew_on_read": True}, environ={}
+    )
+    terms = save_terms(RequestParams(retention_s=5.0, pin=True), config.retention)
+    assert terms == {"retention_s": 5.0, "renew_on_read": True, "pin": True, "pin_ttl_s": None}
+    assert save_terms(RequestParams(), config.retention)["retention_s"] == 60.0
+    never = save_terms(RequestParams(), load_config(None, environ={}).retention)
+    assert never["retention_s"] is None and never["renew_on_read"] is False
