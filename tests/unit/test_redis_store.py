@@ -28,12 +28,13 @@ from helpers.redis_servers import (
 from helpers.servers import free_port
 
 from hf3fsctl.config import MetadataUrl, build_config
-from hf3fsctl.errors import AuthError, ConfigError, MetadataUnavailable, StoreFormatError
+from hf3fsctl.errors import AuthError, ConfigError, MetadataUnavailable
 from hf3fsctl.keys import namespace_id
 from hf3fsctl.meta.client import connect, open_metadata_client
 from hf3fsctl.meta.models import CommitItem, EvictRequest, RankFile
 from hf3fsctl.meta.policy import StorePolicy
 from hf3fsctl.meta.redis import RedisMetadataStore
+from hf3fsctl.meta.redis.codec import decode_run
 
 __all__ = ["redis_session_server", "redis_url", "sentinel_cluster"]  # fixtures used here
 
@@ -369,60 +370,6 @@ def test_two_prefixes_are_two_stores_in_one_database(redis_url: str) -> None:
         second.close()
 
 
-def test_the_store_records_its_format_and_refuses_another(redis_url: str) -> None:
-    import redis
-
-    store = RedisMetadataStore(MetadataUrl.parse(redis_url))
-    raw = redis.Redis.from_url(redis_url)
-    try:
-        assert raw.hget("{hf3fsctl}:info", "format") == b"2"
-        raw.hset("{hf3fsctl}:info", "format", 3)  # as a newer hf3fsctl would leave it
-        with pytest.raises(StoreFormatError, match="format 3") as refused:
-            RedisMetadataStore(MetadataUrl.parse(redis_url))
-        assert refused.value.hint is not None and "upgrade" in refused.value.hint
-    finally:
-        raw.hset("{hf3fsctl}:info", "format", 2)
-        raw.close()
-        store.close()
-
-
-def test_a_format_1_store_gets_its_lru_index_rebuilt_on_open(redis_url: str) -> None:
-    """Format 1's LRU members were bare keys; opening rewrites them (depth first), keeps
-    each score, records format 2, and eviction then takes the chain's tail first."""
-    import redis
-
-    store = RedisMetadataStore(MetadataUrl.parse(redis_url))
-    raw = redis.Redis.from_url(redis_url, decode_responses=True)
-    try:
-        ns = _namespace(store)
-        keys = _keys(4)
-        result = store.allocate(ns, 0, keys)  # one chain: depths 0..3, one commit stamp
-        store.commit(
-            ns,
-            0,
-            [CommitItem(key=a.key, page=a.page, checksum="x", size=PAGE) for a in result.allocated],
-        )
-        lru = f"{{hf3fsctl}}:lru:{ns}"
-        scored = raw.zrange(lru, 0, -1, withscores=True)
-        assert [m[4:] for m, _ in scored] == keys[::-1]  # deepest first among equals
-        raw.delete(lru)  # as format 1 laid it out
-        raw.zadd(lru, {m[4:]: score for m, score in scored})
-        raw.hset("{hf3fsctl}:info", "format", 1)
-        reopened = RedisMetadataStore(MetadataUrl.parse(redis_url))
-        try:
-            assert raw.hget("{hf3fsctl}:info", "format") == "2"
-            assert raw.zrange(lru, 0, -1, withscores=True) == scored
-            assert reopened.check_invariants() == []
-            evicted = reopened.evict(EvictRequest(namespace=ns, max_entries=1))
-            assert evicted.keys == 1
-            assert store.lookup(ns, keys) == 3  # the tail went, the head stays
-        finally:
-            reopened.close()
-    finally:
-        raw.close()
-        store.close()
-
-
 def test_the_change_log_is_a_stream_written_by_commits_and_removals(redis_url: str) -> None:
     store = RedisMetadataStore(MetadataUrl.parse(redis_url))
     try:
@@ -432,7 +379,7 @@ def test_the_change_log_is_a_stream_written_by_commits_and_removals(redis_url: s
         raw = store._redis.xrange("{hf3fsctl}:changes")
         # one entry per run of one namespace and sign, its id the run's last seq
         assert [
-            (entry_id, fields["delta"], len(fields["keys"].split())) for entry_id, fields in raw
+            (entry_id, fields["delta"], len(decode_run(fields["keys"]))) for entry_id, fields in raw
         ] == [
             ("0-3", "1", 3),
             ("0-4", "-1", 1),
@@ -753,7 +700,7 @@ def test_doctor_checks_a_redis_stores_role_and_invariants(redis_url: str, tmp_pa
     )
     # a lone server: the master, no replica to fail over to, the layout's format
     assert redis_check["status"] == "warn" and "no replica" in redis_check["detail"]
-    assert "role master" in redis_check["detail"] and "store format 2" in redis_check["detail"]
+    assert "role master" in redis_check["detail"] and "store format 3" in redis_check["detail"]
     store._redis.hincrby(f"{{hf3fsctl}}:rf:{ns}:0", "used", 1)  # a count gone wrong
     found = invariants()
     assert found["status"] == "fail" and "used pages" in found["detail"]

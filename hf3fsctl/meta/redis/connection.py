@@ -56,6 +56,7 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 SCRIPTS = (
+    "admit",
     "allocate",
     "commit",
     "count_lookup",
@@ -64,6 +65,7 @@ SCRIPTS = (
     "invalidate",
     "locate",
     "marks",
+    "migrate_format3",
     "migrate_lru",
     "pin",
     "register_namespace",

@@ -10,7 +10,6 @@ Redis is never held for long), as the SQLite store's `ls` and `doctor` scan its 
 from __future__ import annotations
 
 import json
-import struct
 from collections import defaultdict
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
@@ -23,6 +22,7 @@ from hf3fsctl.meta.models import (
     RankFile,
     StoreStats,
 )
+from hf3fsctl.meta.redis.codec import decode_key, decode_run, raw, unpack_entry
 
 if TYPE_CHECKING:
     from hf3fsctl.meta.models import ChangeLog
@@ -48,31 +48,6 @@ def _members(client: Redis, key: str) -> list[str]:
 def _now(client: Redis) -> float:
     seconds, micros = client.time()
     return float(seconds) + float(micros) / 1e6
-
-
-_ENTRY = struct.Struct("<B9d")  # common.lua's ENTRY: state, 9 doubles, then the checksum
-
-
-def unpack_entry(value: str) -> dict[str, Any]:
-    """An entry's fields (the packed binary `common.lua` writes; redis-py hands it over
-    decoded with `surrogateescape`, so encoding it back gives the bytes)."""
-    raw = value.encode("utf-8", "surrogateescape")
-    state, page, depth, created, last, hits, deadline, lease, free_at, size = _ENTRY.unpack_from(
-        raw
-    )
-    return {
-        "state": state,
-        "page": int(page),
-        "depth": int(depth),
-        "created": created,
-        "last_access": last,
-        "hits": int(hits),
-        "deadline": deadline,
-        "lease_until": lease,
-        "page_free_at": free_at,
-        "size": int(size),
-        "checksum": raw[_ENTRY.size :].decode("utf-8", "replace"),
-    }
 
 
 def _rank_files(client: Redis, prefix: str, ns: str, num_ranks: int) -> list[dict[str, str]]:
@@ -118,12 +93,29 @@ def namespace_infos(client: Redis, prefix: str, ids: Sequence[str] | None) -> li
 
 
 def _live_pins(client: Redis, prefix: str, ns: str, now: float) -> dict[str, tuple[float, float]]:
+    """Live pins by stored key (bytes, as the entries are keyed)."""
     out = {}
     for key, value in client.hgetall(f"{prefix}pins:{ns}").items():
         expires, created = (float(x) for x in value.split(" "))
         if expires == 0 or expires > now:
             out[key] = (expires, created)
     return out
+
+
+def _stored(
+    client: Redis, prefix: str, ns: str, num_ranks: int, keys: Sequence[str], now_ms: float
+) -> list[bool]:
+    """Whether each stored key is committed on every rank and unexpired (the lookup's
+    test: one rank reads `e:NS:0`, more `c:NS`)."""
+    from hf3fsctl.meta.redis.codec import committed_counts, entry_counts
+
+    if not keys:
+        return []
+    fields = [raw(key) for key in keys]  # hiredis refuses the decoded text's surrogates
+    if num_ranks == 1:
+        return [entry_counts(v, now_ms) for v in client.hmget(f"{prefix}e:{ns}:0", fields)]
+    values = client.hmget(f"{prefix}c:{ns}", fields)
+    return [committed_counts(v, num_ranks, now_ms) for v in values]
 
 
 def store_stats(
@@ -162,6 +154,8 @@ def store_stats(
         newest = client.zrange(f"{prefix}lru:{ns}", -1, -1, withscores=True)
         accessed = float(newest[0][1]) if newest else None
         pins = len(_live_pins(client, prefix, ns, now))
+        expiring = int(client.zcard(f"{prefix}x:{ns}"))
+        expired = int(client.zcount(f"{prefix}x:{ns}", "-inf", now * 1000)) if expiring else 0
         evicted: dict[str, list[int]] = {}
         for field, value in client.hgetall(f"{prefix}ev:{ns}").items():
             reason, _, what = field.rpartition(":")
@@ -185,6 +179,9 @@ def store_stats(
                 last_access=accessed,
                 last_used=max(float(c.get("last_used", 0)), accessed or 0.0),
                 evicted=evicted,
+                admission_skipped=int(c.get("admission_skipped", 0)),
+                expiring_keys=expiring,
+                expired_keys=expired,
             )
         )
     return StoreStats.summed(namespaces, capacity, max_pinned)
@@ -196,7 +193,7 @@ def _entries(
     out = []
     for rank in range(num_ranks):
         for key, value in _scan(client, f"{prefix}e:{ns}:{rank}"):
-            out.append((rank, key, unpack_entry(value)))
+            out.append((rank, decode_key(key), unpack_entry(value)))
     return out
 
 
@@ -212,7 +209,7 @@ def list_entries(
         num_ranks = client.hget(f"{prefix}ns:{ns}", "num_ranks")
         if num_ranks is None:
             continue
-        pinned.update((ns, key) for key in _live_pins(client, prefix, ns, now))
+        pinned.update((ns, decode_key(key)) for key in _live_pins(client, prefix, ns, now))
         rows.extend(
             (ns, rank, key, e) for rank, key, e in _entries(client, prefix, ns, int(num_ranks))
         )
@@ -231,6 +228,7 @@ def list_entries(
             last_access=e["last_access"],
             hits=e["hits"],
             pinned=(ns, key) in pinned,
+            expires_at=e["expires_at"],
         )
         for ns, rank, key, e in rows[offset : offset + limit]
     ]
@@ -245,11 +243,14 @@ def list_pins(client: Redis, prefix: str, namespace: str | None, limit: int) -> 
         num_ranks = client.hget(f"{prefix}ns:{ns}", "num_ranks")
         pins = _live_pins(client, prefix, ns, now)
         keys = list(pins)
-        counts = client.hmget(f"{prefix}c:{ns}", keys) if keys else []
-        for key, count in zip(keys, counts, strict=True):
+        stored = (  # committed on every rank, expiry aside (as `pin` counts them)
+            _stored(client, prefix, ns, int(num_ranks), keys, 0)
+            if num_ranks is not None
+            else [False] * len(keys)
+        )
+        for key, held in zip(keys, stored, strict=True):
             expires, created = pins[key]
-            stored = num_ranks is not None and count is not None and int(count) >= int(num_ranks)
-            rows.append((created, ns, key, expires, stored))
+            rows.append((created, ns, decode_key(key), expires, held))
     rows.sort(key=lambda r: (-r[0], r[1], r[2]))
     return [
         PinInfo(namespace=ns, key=key, created=created, expires=expires or None, stored=stored)
@@ -260,7 +261,7 @@ def list_pins(client: Redis, prefix: str, namespace: str | None, limit: int) -> 
 def _run_changes(entry_id: str, fields: dict[str, str]) -> list[tuple[int, str, str, int]]:
     """The (seq, namespace, key, delta) of one stream entry: a run ending at its id."""
     last = int(entry_id.split("-")[1])
-    keys = fields["keys"].split(" ")
+    keys = decode_run(fields["keys"])
     first = last - len(keys) + 1
     return [(first + i, fields["ns"], key, int(fields["delta"])) for i, key in enumerate(keys)]
 
@@ -324,13 +325,16 @@ def invariants(client: Redis, prefix: str) -> list[str]:
         c = client.hgetall(f"{prefix}ns:{ns}")
         num_ranks = int(c["num_ranks"])
         committed: dict[str, int] = defaultdict(int)
+        earliest: dict[str, float] = {}  # key → its committed entries' earliest expiry (ms)
         held_bytes = giving_bytes = 0
         for rank in range(num_ranks):
             rf = client.hgetall(f"{prefix}rf:{ns}:{rank}")
             entries = {key: unpack_entry(v) for key, v in _scan(client, f"{prefix}e:{ns}:{rank}")}
             if not rf:
                 for key in entries:
-                    problems.append(f"entry {ns}/{key} rank {rank} has no registered rank file")
+                    problems.append(
+                        f"entry {ns}/{decode_key(key)} rank {rank} has no registered rank file"
+                    )
                 continue
             if f"{ns}:{rank}" not in files:
                 problems.append(f"rank file {ns} rank {rank} is missing from the file set")
@@ -342,26 +346,30 @@ def invariants(client: Redis, prefix: str) -> list[str]:
             pending = _members(client, f"{prefix}pend:{ns}:{rank}")
             owners: dict[int, list[str]] = defaultdict(list)
             for key, e in entries.items():
-                owners[e["page"]].append(key)
+                name = decode_key(key)
+                owners[e["page"]].append(name)
                 if not 0 <= e["page"] < min(num_pages, next_unused):
                     problems.append(
-                        f"entry {ns}/{key} rank {rank}: page {e['page']} is outside the rank "
+                        f"entry {ns}/{name} rank {rank}: page {e['page']} is outside the rank "
                         f"file's {num_pages} pages"
                     )
                 if e["state"] == COMMITTED:
                     committed[key] += 1
+                    if e["expires_at"] is not None:
+                        expiry = round(e["expires_at"] * 1000, 3)
+                        earliest[key] = min(expiry, earliest.get(key, expiry))
                     if not e["checksum"]:
-                        problems.append(f"committed entry {ns}/{key} rank {rank} has no checksum")
+                        problems.append(f"committed entry {ns}/{name} rank {rank} has no checksum")
                 elif e["state"] == PENDING:
                     if e["deadline"] <= 0:
                         problems.append(
-                            f"pending entry {ns}/{key} rank {rank} has no writer deadline"
+                            f"pending entry {ns}/{name} rank {rank} has no writer deadline"
                         )
                 else:
-                    problems.append(f"entry {ns}/{key} rank {rank} has unknown state {e['state']}")
+                    problems.append(f"entry {ns}/{name} rank {rank} has unknown state {e['state']}")
                 if e["created"] < e["page_free_at"]:
                     problems.append(
-                        f"entry {ns}/{key} rank {rank} reused page {e['page']} at "
+                        f"entry {ns}/{name} rank {rank} reused page {e['page']} at "
                         f"{e['created']} while its last lease ran until {e['page_free_at']}"
                     )
             for page, keys in owners.items():
@@ -413,16 +421,24 @@ def invariants(client: Redis, prefix: str) -> list[str]:
             else:
                 held_bytes += (next_unused - int(rf["holes"])) * slot
             giving_bytes += len(marked) * slot
-        counts = {k: int(v) for k, v in _scan(client, f"{prefix}c:{ns}")}
-        if counts != dict(committed):
+        counts = {k: int(v.partition(" ")[0]) for k, v in _scan(client, f"{prefix}c:{ns}")}
+        if num_ranks == 1 and counts:
+            problems.append(f"namespace {ns} has one rank but a committed-count hash")
+        if num_ranks > 1 and counts != dict(committed):
             problems.append(f"namespace {ns}: committed counts differ from its entries")
+        expiries = {
+            raw(m)[2:]: round(v, 3)  # `lru_member`s
+            for m, v in client.zrange(f"{prefix}x:{ns}", 0, -1, withscores=True)
+        }
+        if expiries != {raw(k): v for k, v in earliest.items()}:
+            problems.append(f"namespace {ns}: the expiry index differs from its entries")
         complete = sum(1 for n in committed.values() if n >= num_ranks)
         if int(c.get("keys", 0)) != complete:
             problems.append(
                 f"namespace {ns} counts {c.get('keys')} complete keys but {complete} are"
             )
-        lru = {m[4:] for m in _members(client, f"{prefix}lru:{ns}")}  # `lru_member`
-        if lru != set(committed):
+        lru = {raw(m)[2:] for m in _members(client, f"{prefix}lru:{ns}")}  # `lru_member`
+        if lru != {raw(k) for k in committed}:
             problems.append(f"namespace {ns}: LRU members differ from its committed keys")
         if held.get(ns, 0) != held_bytes:
             problems.append(

@@ -32,11 +32,7 @@ import redis.exceptions as rex
 from pydantic import TypeAdapter
 
 from hf3fsctl.config.units import parse_amount
-from hf3fsctl.errors import (
-    MetadataUnavailable,
-    NotFound,
-    StoreFormatError,
-)
+from hf3fsctl.errors import InvalidRequest, MetadataUnavailable, NotFound
 from hf3fsctl.meta.base import Attempt, StoreCore, check_rank_file, pin_limit_error
 from hf3fsctl.meta.giveback import GiveBack
 from hf3fsctl.meta.models import (
@@ -58,8 +54,11 @@ from hf3fsctl.meta.models import (
 )
 from hf3fsctl.meta.policy import StorePolicy
 from hf3fsctl.meta.redis import reports
+from hf3fsctl.meta.redis.codec import decode_checksum, decode_key, encode_checksum, encode_key
 from hf3fsctl.meta.redis.connection import call, load_scripts, redis_client
+from hf3fsctl.meta.redis.lookup import Lookups
 from hf3fsctl.meta.redis.lookup_hits import LookupHits
+from hf3fsctl.meta.redis.migration import StoreAccess, check_format
 
 if TYPE_CHECKING:
     from hf3fsctl.config.urls import MetadataUrl
@@ -70,12 +69,9 @@ T = TypeVar("T")
 
 PREFIX = "{hf3fsctl}:"  # one hash tag: every key of a store in one Cluster slot
 STALE_MARK_S = 60.0  # a mark this old belongs to a process that died before punching
-# The Redis store's key layout (hf3fsctl/meta/redis/__init__.py), recorded as `info.format`
-# by the first process that opens an empty store. Format 1 (LRU members were bare keys)
-# is migrated on open (`lua/migrate_lru.lua`); any other value is refused.
-FORMAT = 2
-MIGRATABLE = 1
 EVICT_BATCH = 1000  # keys an admin eviction takes per script call (tens of ms of Redis)
+ADMISSION_TRACKED_KEYS = 1_000_000  # seen-counts `admit` keeps per store (LRU beyond)
+SIZE_MAX = (1 << 40) - 1  # an entry holds a page's size in 5 bytes
 _LOCATIONS = TypeAdapter(list[Location | None])
 
 
@@ -89,7 +85,7 @@ def _marks(reply: Sequence[Any]) -> list[GiveBack]:
 def walked_no_further(walked: dict[str, int], args: Sequence[Any]) -> bool:
     """Whether a batch of an admin eviction left every namespace's walk where it was
     (nothing evicted, nothing passed): no further batch can do more."""
-    before = {str(args[i]): int(args[i + 1]) for i in range(10, len(args), 2)}
+    before = {str(args[i]): int(args[i + 1]) for i in range(12, len(args), 2)}
     return all(before.get(ns, 0) == offset for ns, offset in walked.items())
 
 
@@ -140,11 +136,14 @@ class RedisMetadataStore(StoreCore):
         self._cluster = target.scheme == "redis+cluster"
         self._scripts = load_scripts(self._redis)
         self._hits = LookupHits(self._scripts["count_lookup"], prefix, self.url)
+        self._lookups = Lookups(
+            self._redis, prefix, self.url, self._cluster, self._scripts["count_lookup"], self._hits
+        )
         # A process that only looks up (the connector's scheduler) may exit without
         # `close`: count its last hits then too, as the embedded client flushes its
         # counters (multiprocessing's Finalize also runs in vLLM's EngineCore children).
         self._count_at_exit = mp_util.Finalize(self, self._hits.count, exitpriority=0)
-        self._check_format()
+        check_format(StoreAccess(self.url, self._redis, self._key, self._read, self._run))
         self._record_default_capacity()
 
     # --- plumbing ------------------------------------------------------------------------
@@ -181,57 +180,6 @@ class RedisMetadataStore(StoreCore):
             self._run("settle", args)
         except MetadataUnavailable as exc:  # the next store that opens settles them
             logger.warning("pages given back but not yet settled: %s", exc)
-
-    def _check_format(self) -> None:
-        """Record `FORMAT` in an empty store; refuse a store laid out in another format.
-
-        A Redis that cannot be reached now is left to the calls (opening stays lazy, as
-        for the other clients); the next process that opens it checks.
-
-        Raises:
-            StoreFormatError: the store records another format (newer: upgrade hf3fsctl;
-                older: no migration exists for Redis stores yet).
-        """
-        info = self._key("info")
-        try:
-            self._read(lambda: self._redis.hsetnx(info, "format", FORMAT))
-            raw = self._read(lambda: self._redis.hget(info, "format"))
-        except MetadataUnavailable as exc:
-            logger.debug("Redis store %s: format not checked: %s", self.url, exc)
-            return
-        stored = int(raw) if raw is not None else FORMAT
-        if stored == MIGRATABLE:
-            self._migrate_lru()
-            return
-        if stored == FORMAT:
-            return
-        newer = stored > FORMAT
-        raise StoreFormatError(
-            f"Redis metadata store {self.url} is in format {stored}; this hf3fsctl reads "
-            f"format {FORMAT}",
-            hint="upgrade hf3fsctl on this node to the release that wrote the store"
-            if newer
-            else "no migration exists for this Redis format: evict the store's keys "
-            "(`hf3fsctl evict --all`) with the hf3fsctl that wrote it, or use a new "
-            "Redis database",
-            stored=stored,
-            supported=FORMAT,
-        )
-
-    def _migrate_lru(self) -> None:
-        """Format 1 → 2: rebuild each namespace's LRU index with the members that order
-        equally old keys deepest first (`lua/common.lua`, `lru_member`), one atomic script
-        per namespace that also records the namespace as done (so a process that dies
-        midway leaves format 1, and the next open rebuilds only the rest), then record
-        format 2."""
-        namespaces = self._read(lambda: list(self._redis.zrange(self._key("namespaces"), 0, -1)))
-        for ns in namespaces:
-            moved = self._run("migrate_lru", [ns])
-            logger.info(
-                "Redis store %s: namespace %s: LRU index rebuilt (%s keys)", self.url, ns, moved
-            )
-        self._read(lambda: self._redis.hset(self._key("info"), "format", FORMAT))
-        self._read(lambda: self._redis.delete(self._key("migrated_lru")))
 
     def _record_default_capacity(self) -> None:
         """Finish marks a crashed process left; record the policy's default capacity
@@ -326,81 +274,14 @@ class RedisMetadataStore(StoreCore):
     # --- data path -----------------------------------------------------------------------
 
     def _lookup(self, namespace: str, keys: Sequence[str]) -> int:
-        """One pipelined round trip: a native `HMGET` of the keys' committed-rank counts (no
-        Lua: passing 1,000 keys through a script costs Redis ~4x more) and the
-        `count_lookup` script, which counts the lookup and answers the namespace's ranks
-        (`NotFound` if none). A lookup's hits are counted with this process's next lookup,
-        or at `flush` / `close` / exit.
-        """
-        pending = self._hits.take()
-        counters = [namespace, len(keys)]
-        for ns, hits in pending.items():
-            counters += [ns, hits]
-
-        def run() -> list[Any]:
-            try:
-                return self._lookup_pipeline(namespace, keys, counters)
-            except rex.NoScriptError:  # a fresh server (after a failover): load, ask again
-                script = self._scripts["count_lookup"]
-                self._redis.script_load(script.script)
-                return self._lookup_pipeline(namespace, keys, counters)
-
-        try:
-            replies = call(run, self.url, idempotent=True)
-        except BaseException:
-            self._hits.add(pending)  # not counted: keep them for the next lookup
-            raise
-        num_ranks = int(replies[-1])
-        found = 0
-        if keys:
-            for count in replies[0]:
-                if count is None or int(count) < num_ranks:
-                    break
-                found += 1
-        if found:
-            self._hits.add({namespace: found})
-        return found
-
-    def _lookup_pipeline(
-        self, namespace: str, keys: Sequence[str], counters: list[Any]
-    ) -> list[Any]:
-        if self._cluster:
-            # redis-py's cluster pipelines refuse scripts: pipeline on the slot's master
-            # itself; once the slot moved or that master is gone, two round trips through
-            # the cluster client, which follows the slot map
-            node = self._redis.get_node_from_key(self.prefix)
-            if node is not None and node.redis_connection is not None:
-                try:
-                    return self._pipelined(node.redis_connection, namespace, keys, counters)
-                except (rex.ConnectionError, rex.MovedError, rex.AskError,
-                        rex.ClusterDownError, rex.TryAgainError) as exc:  # fmt: skip
-                    # (a timeout is not repeated: `call` says why)
-                    logger.debug("Redis Cluster %s: %s; through the slot map", self.url, exc)
-            script = self._scripts["count_lookup"]
-            head = [self._redis.hmget(self._key("c", namespace), list(keys))] if keys else []
-            return [*head, script(keys=[self.prefix], args=counters)]
-        return self._pipelined(self._redis, namespace, keys, counters)
-
-    def _pipelined(
-        self, client: Any, namespace: str, keys: Sequence[str], counters: list[Any]
-    ) -> list[Any]:
-        pipe = client.pipeline(transaction=False)
-        if keys:
-            pipe.hmget(self._key("c", namespace), list(keys))
-        pipe.evalsha(self._scripts["count_lookup"].sha, 1, self.prefix, *counters)
-        # Errors come back as the exceptions themselves, not re-worded by the pipeline:
-        # `translate` reads their kind as any other call's.
-        replies = list(pipe.execute(raise_on_error=False))
-        for reply in replies:
-            if isinstance(reply, Exception):
-                raise reply
-        return replies
+        return self._lookups.lookup(namespace, keys)
 
     def _locate(self, namespace: str, rank: int, keys: Sequence[str]) -> list[Location | None]:
         if not keys:
             self._run("locate", [namespace, rank, self.lease_s], idempotent=True)
             return []
-        flat = self._run("locate", [namespace, rank, self.lease_s, *keys], idempotent=True)
+        stored = [encode_key(key) for key in keys]
+        flat = self._run("locate", [namespace, rank, self.lease_s, *stored], idempotent=True)
         return _LOCATIONS.validate_python(
             [
                 None
@@ -408,7 +289,7 @@ class RedisMetadataStore(StoreCore):
                 else {
                     "key": key,
                     "page": flat[3 * i],
-                    "checksum": flat[3 * i + 1],
+                    "checksum": decode_checksum(flat[3 * i + 1]),
                     "size": flat[3 * i + 2],
                 }
                 for i, key in enumerate(keys)
@@ -438,10 +319,15 @@ class RedisMetadataStore(StoreCore):
             *quotas,
         ]
         for key in keys:
-            args += [key, depth_of[key]]
+            args += [encode_key(key), depth_of[key]]
         flat, existing, no_space, marks = self._run("allocate", args)
-        allocated = [(flat[i], flat[i + 1]) for i in range(0, len(flat), 2)]
-        return allocated, list(existing), list(no_space), _marks(marks)
+        allocated = [(decode_key(flat[i]), flat[i + 1]) for i in range(0, len(flat), 2)]
+        return (
+            allocated,
+            [decode_key(k) for k in existing],
+            [decode_key(k) for k in no_space],
+            _marks(marks),
+        )
 
     def _giving_back_elsewhere(self) -> bool:
         values = self._read(lambda: self._redis.hvals(self._key("giving")))
@@ -450,20 +336,38 @@ class RedisMetadataStore(StoreCore):
     def _commit(self, namespace: str, rank: int, items: Sequence[CommitItem]) -> int:
         args: list[Any] = [namespace, rank]
         for item in items:
-            args += [item.key, item.page, item.checksum, item.size]
+            if item.size > SIZE_MAX:
+                raise InvalidRequest(
+                    f"key {item.key}: size {item.size} is more than an entry of the Redis "
+                    f"store holds ({SIZE_MAX})"
+                )
+            args += [
+                encode_key(item.key),
+                item.page,
+                encode_checksum(item.checksum),
+                item.size,
+                "" if item.retention_s is None else repr(float(item.retention_s)),
+                int(item.renew_on_read),
+            ]
         return int(self._run("commit", args))
 
     def _release(self, namespace: str, rank: int, allocations: Sequence[Allocation]) -> int:
         args: list[Any] = [namespace, rank]
         for allocation in allocations:
-            args += [allocation.key, allocation.page]
+            args += [encode_key(allocation.key), allocation.page]
         return int(self._run("release", args))
 
     def _invalidate(self, namespace: str, rank: int, triples: list[tuple[str, int, str]]) -> int:
         args: list[Any] = [namespace, rank]
         for key, page, checksum in triples:
-            args += [key, page, checksum]
+            args += [encode_key(key), page, encode_checksum(checksum)]
         return int(self._run("invalidate", args, idempotent=True))
+
+    def _admit(self, namespace: str, keys: list[str], after_hits: int) -> list[bool]:
+        """One `admit.lua` run: a sighting of each key, the counts bounded store-wide."""
+        args: list[Any] = [namespace, after_hits, ADMISSION_TRACKED_KEYS]
+        reply = self._run("admit", args + [encode_key(key) for key in keys])
+        return [bool(v) for v in reply]
 
     # --- admin ---------------------------------------------------------------------------
 
@@ -481,6 +385,7 @@ class RedisMetadataStore(StoreCore):
         by_namespace: dict[str, int] = {}
         walked: dict[str, int] = {}
         cutoff: object = ""
+        phase, expired_by = "x", ""  # expired keys first, then the LRU
         while True:  # one atomic batch per script call: Redis is never held for long
             left = None if request.max_entries is None else request.max_entries - keys
             args: list[Any] = [
@@ -494,18 +399,22 @@ class RedisMetadataStore(StoreCore):
                 EVICT_BATCH,
                 cutoff,
                 freed if request.dry_run else 0,
+                phase,
+                expired_by,
             ]
             for ns, offset in walked.items():
                 args += [ns, offset]
-            got, got_pages, got_bytes, flat, marks, offsets, done, cut = self._run("evict", args)
+            reply = self._run("evict", args)
+            got, got_pages, got_bytes, flat, marks, offsets, done, cut, now_phase, by = reply
             self._give_back(_marks(marks))
             keys, pages, freed = keys + int(got), pages + int(got_pages), freed + int(got_bytes)
             for i in range(0, len(flat), 2):
                 by_namespace[flat[i]] = by_namespace.get(flat[i], 0) + int(flat[i + 1])
             walked = {offsets[i]: int(offsets[i + 1]) for i in range(0, len(offsets), 2)}
-            cutoff = cut
-            if done or (not got and walked_no_further(walked, args)):
+            cutoff, expired_by = cut, by
+            if done or (not got and now_phase == phase and walked_no_further(walked, args)):
                 break
+            phase = now_phase
         return EvictResult(
             keys=keys,
             pages=pages,
@@ -563,7 +472,7 @@ class RedisMetadataStore(StoreCore):
                 namespace,
                 "" if ttl_s is None else ttl_s,
                 "" if max_pinned is None else max_pinned,
-                *keys,
+                *(encode_key(key) for key in keys),
             ],
             idempotent=True,
         )
@@ -579,7 +488,7 @@ class RedisMetadataStore(StoreCore):
         )
 
     def _unpin(self, namespace: str, keys: Sequence[str] | None) -> int:
-        args: list[Any] = [namespace, int(keys is None), *(keys or [])]
+        args: list[Any] = [namespace, int(keys is None), *(encode_key(k) for k in keys or [])]
         return int(self._run("unpin", args, idempotent=True))
 
     def _list_pins(self, namespace: str | None, limit: int) -> list[PinInfo]:

@@ -1,7 +1,8 @@
 -- allocate: pages for keys not yet stored on (ns, rank), making room under the store's
 -- capacity and the namespace's quotas exactly as hf3fsctl/meta/sqlite/capacity.py decides for
--- SQLite (reclaim dead writers' pages, give back other files' free pages, evict LRU
--- keys of any namespace down to the low watermark).
+-- SQLite (reclaim dead writers' pages, give back other files' free pages, evict expired
+-- then LRU keys of any namespace down to the low watermark). A key whose committed
+-- entries expired is dropped on every rank first and granted anew.
 -- ARGV: ns, rank, pending_timeout_s, high, low, can_punch (0/1), nquotas,
 --       nquotas x (name, "b"|"s", bytes or share), then (key, depth) pairs.
 -- Returns {allocated {key, page, …}, existing {…}, no_space {…}, marked {{ns, rank,
@@ -28,14 +29,25 @@ for i = at, #ARGV, 2 do
 end
 local known = hmget_all(ek, wanted)
 local entry_args, pend_args = {}, {}
+local expiring = redis.call('EXISTS', k_x(ns)) == 1
+local dropped_expired = {}
 for i, key in ipairs(wanted) do
   local e = unpack_entry(known[i])
+  if e and e.state == 1 and expiring then
+    local x = tonumber(redis.call('ZSCORE', k_x(ns), lru_member(key, e.depth)))
+    if x and x <= NOW_MS then  -- expired (on some rank): gone from every rank, saved anew
+      local bytes = 0
+      for _, fr in ipairs(drop_key(ns, key, nranks)) do bytes = bytes + file_slot(ns, fr[1]) end
+      count_evictions(dropped_expired, ns, 1, bytes)
+      e = nil
+    end
+  end
   if e == nil then
     new_keys[#new_keys + 1] = key
-  elseif e.state == 0 and e.deadline < NOW then  -- a dead writer's page: regrant it
-    e.deadline = deadline
+  elseif e.state == 0 and e.until_ < NOW_MS then  -- a dead writer's page: regrant it
+    e.until_ = ms(deadline)
     e.depth = depth_of[key]
-    if NOW > e.created then e.created = NOW end
+    if NOW_MS > e.created then e.created = NOW_MS end
     entry_args[#entry_args + 1] = key
     entry_args[#entry_args + 1] = pack_entry(e)
     pend_args[#pend_args + 1] = deadline_s
@@ -47,6 +59,8 @@ for i, key in ipairs(wanted) do
   end
 end
 
+apply_evictions(dropped_expired, 'expired')
+row = rank_file(ns, rank)
 local marked = {}
 local need = #new_keys
 local pages = {}
@@ -222,8 +236,8 @@ for i, key in ipairs(new_keys) do
   if p == nil then
     no_space[#no_space + 1] = key
   else
-    local e = {state = 0, page = p[1], depth = depth_of[key], created = NOW, last = NOW,
-      hits = 0, deadline = deadline, lease = 0, freeat = p[2], size = 0, checksum = ''}
+    local e = {state = 0, page = p[1], depth = depth_of[key], created = NOW_MS, last = NOW_MS,
+      hits = 0, until_ = ms(deadline), lease = 0, freeat = ms(p[2]), size = 0, checksum = ''}
     entry_args[#entry_args + 1] = key
     entry_args[#entry_args + 1] = pack_entry(e)
     pend_args[#pend_args + 1] = deadline_s

@@ -26,7 +26,9 @@ local function k_free(ns, r) return P .. 'free:' .. ns .. ':' .. r end  -- zset 
 local function k_holes(ns, r) return P .. 'holes:' .. ns .. ':' .. r end  -- zset page -> reusable_after
 local function k_give(ns, r) return P .. 'give:' .. ns .. ':' .. r end   -- zset page -> marked at
 local function k_pend(ns, r) return P .. 'pend:' .. ns .. ':' .. r end   -- zset key -> deadline
-local function k_c(ns) return P .. 'c:' .. ns end               -- hash: key -> committed ranks
+local function k_c(ns) return P .. 'c:' .. ns end               -- hash: key -> "ranks[ expiry]" (2+ ranks)
+local function k_x(ns) return P .. 'x:' .. ns end               -- zset lru_member -> earliest expiry (ms)
+local function k_adm(ns) return P .. 'adm:' .. ns end           -- hash: key -> sightings (admit)
 local function k_lru(ns) return P .. 'lru:' .. ns end           -- zset lru_member -> last access
 local function k_pins(ns) return P .. 'pins:' .. ns end         -- hash: key -> "expires created"
 local function k_ev(ns) return P .. 'ev:' .. ns end             -- hash: reason:keys / reason:bytes
@@ -38,49 +40,86 @@ local K_HELD = P .. 'held'            -- hash: ns -> bytes its files hold
 local K_GIVING = P .. 'giving'        -- hash: ns -> bytes marked to give back
 local K_CHANGES = P .. 'changes'      -- stream of (ns, key, delta), ids 0-SEQ
 local K_SEQ = P .. 'seq'              -- the last change's SEQ
+local K_ADM_AT = P .. 'adm_at'        -- zset NS .. key -> last sighting (admit's bound)
 local CHANGES_KEEP = 200000
 
 -- entries --------------------------------------------------------------------------
--- An entry is packed binary (`struct`, one C call each way, ~4x cheaper than parsing
--- text): state (byte), then page, depth, created, last_access, hits, deadline,
--- lease_until, page_free_at, size (little-endian doubles: times to the microsecond,
--- integers exact below 2^53), then the checksum's bytes. `reports.unpack_entry` reads
--- the same layout.
-local ENTRY = '<Bddddddddd'
+-- Keys arrive as bytes (`codec.encode_key`: 64 hex digits are 32 bytes); a script never
+-- reads them, only compares and stores them. An entry is packed binary (`struct`, one C
+-- call each way): flags (bit 0 committed, bit 1 renew on read), page (6 bytes), depth,
+-- created, last_access, hits, until (pending: the writer's deadline; committed: the
+-- expiry, 0 none), lease_until, page_free_at, size (5 bytes), retention (seconds,
+-- float32), then the checksum (`codec.encode_checksum`: "xxh3:" and 16 hex digits are 9
+-- bytes). Times count from `EPOCH_MS` (0: none): whole milliseconds in 5 bytes (to
+-- 2059), `until` in microseconds in 7 bytes (an expiry is exact to the microsecond, as
+-- SQLite's). Integers are unsigned little-endian. 60 bytes with an xxh3 checksum, one
+-- 64-byte allocation (format 3; `codec.unpack_entry` reads the same layout). In a
+-- script, every time is in ms (a double: `until` keeps its microseconds).
+local ENTRY = '<BI6I4I5I5I4I7I5I5I5f'
+local U32 = 4294967295
+local EPOCH_MS = 1735689600000  -- 2025-01-01 UTC
+local TIME_MAX = EPOCH_MS + 1099511627775  -- what 5 bytes of ms hold
+local UNTIL_MAX = EPOCH_MS + 72057594037927  -- what 7 bytes of microseconds hold
+
+local function ms(t) return t * 1000 end  -- seconds -> ms
+local NOW_MS = ms(NOW)
+
+local function from_epoch(t) if t == 0 then return 0 end return t + EPOCH_MS end
+local function to_epoch(t)
+  if t <= EPOCH_MS then return 0 end
+  return math.floor(math.min(t, TIME_MAX)) - EPOCH_MS
+end
+local function from_epoch_us(t) if t == 0 then return 0 end return t / 1000 + EPOCH_MS end
+local function to_epoch_us(t)
+  if t <= EPOCH_MS then return 0 end
+  return math.floor((math.min(t, UNTIL_MAX) - EPOCH_MS) * 1000 + 0.5)
+end
+-- an expiry `ms` from now, as the entry will hold it (whole microseconds)
+local function expiry_after(ms_)
+  return from_epoch_us(to_epoch_us(math.min(UNTIL_MAX, NOW_MS + ms_)))
+end
 
 local function unpack_entry(v)
   if not v then return nil end
-  local s, page, depth, created, last, hits, deadline, lease, freeat, size, at =
+  local flags, page, depth, created, last, hits, until_, lease, freeat, size, retention, at =
     struct.unpack(ENTRY, v)
   return {
-    state = s, page = page, depth = depth, created = created, last = last, hits = hits,
-    deadline = deadline, lease = lease, freeat = freeat, size = size,
-    checksum = string.sub(v, at),
+    state = flags % 2, renew = flags >= 2, page = page, depth = depth,
+    created = from_epoch(created), last = from_epoch(last), hits = hits,
+    until_ = from_epoch_us(until_), lease = from_epoch(lease), freeat = from_epoch(freeat),
+    size = size, retention = retention, checksum = string.sub(v, at),
   }
 end
 
 local function pack_entry(e)
-  return struct.pack(ENTRY, e.state, e.page, e.depth, e.created, e.last, e.hits, e.deadline,
-    e.lease, e.freeat, e.size) .. (e.checksum or '')
+  local flags = e.state
+  if e.renew then flags = flags + 2 end
+  return struct.pack(ENTRY, flags, e.page, math.min(e.depth, U32), to_epoch(e.created),
+    to_epoch(e.last), math.min(e.hits, U32), to_epoch_us(e.until_), to_epoch(e.lease),
+    to_epoch(e.freeat), e.size, e.retention or 0) .. (e.checksum or '')
 end
+
+-- Whether a committed entry has expired (its expiry passed): absent for lookups and
+-- locates, and the first to go in an eviction.
+local function expired(e) return e.state == 1 and e.until_ > 0 and e.until_ <= NOW_MS end
 
 local NOW_S = f6(NOW)
 
 -- the LRU index ---------------------------------------------------------------------------
 -- `lru:NS` is THE eviction order: scored by last access, and among equal scores Redis
--- orders members by their bytes, so a member is 4 hex digits of 0xffff - depth (depth
--- clamped to 0..0xffff) then the key: equally old keys come deepest first (a chain's
+-- orders members by their bytes, so a member is 0xffff - depth in 2 big-endian bytes
+-- (depth clamped to 0..0xffff) then the key: equally old keys come deepest first (a chain's
 -- tail before its head), then by key — the order SQLite's index gives
 -- (last_access, depth DESC, key). `ZRANGE … LIMIT` walks it: k victims cost O(k log n).
 local function lru_member(key, depth)
-  return string.format('%04x', 0xffff - math.max(0, math.min(0xffff, depth))) .. key
+  return struct.pack('>H', 0xffff - math.max(0, math.min(0xffff, depth))) .. key
 end
-local function lru_key(member) return string.sub(member, 5) end
-local function lru_depth(member) return 0xffff - tonumber(string.sub(member, 1, 4), 16) end
+local function lru_key(member) return string.sub(member, 3) end
 
 -- the change log ---------------------------------------------------------------------
 -- Each stream entry is a run of consecutive changes of one namespace and sign: fields
--- `ns`, `delta`, `keys` (space-separated); its id is 0-SEQ of the run's last change, so
+-- `ns`, `delta`, `keys` (each key's byte length as one byte, then its bytes: keys are
+-- binary); its id is 0-SEQ of the run's last change, so
 -- the run's changes are SEQ-n+1 … SEQ. Trimmed by id: the newest CHANGES_KEEP changes.
 local CHANGES = {}
 local function change(ns, key, delta) CHANGES[#CHANGES + 1] = {ns, key, delta} end
@@ -93,12 +132,13 @@ local function flush_changes()
     local ns, delta = CHANGES[i][1], CHANGES[i][3]
     local keys = {}
     while i <= #CHANGES and CHANGES[i][1] == ns and CHANGES[i][3] == delta and #keys < 1000 do
-      keys[#keys + 1] = CHANGES[i][2]
+      local key = CHANGES[i][2]
+      keys[#keys + 1] = string.char(#key) .. key
       i = i + 1
     end
     seq = seq + #keys
     redis.call('XADD', K_CHANGES, 'MINID', '~', '0-' .. math.max(0, last - CHANGES_KEEP),
-      '0-' .. seq, 'ns', ns, 'delta', delta, 'keys', table.concat(keys, ' '))
+      '0-' .. seq, 'ns', ns, 'delta', delta, 'keys', table.concat(keys))
   end
   CHANGES = {}
 end
@@ -178,6 +218,25 @@ local function pinned(ns, key)
   return expires == 0 or expires > NOW
 end
 
+-- How many ranks of a key are committed: the entry itself on one rank (no `c:NS`: the
+-- lookup reads `e:NS:0`), else `c:NS`'s count ("RANKS" or "RANKS EXPIRY_MS").
+local function committed_ranks(ns, key, nranks)
+  if nranks == 1 then
+    local e = unpack_entry(redis.call('HGET', k_e(ns, 0), key))
+    if e and e.state == 1 then return 1 end
+    return 0
+  end
+  local v = redis.call('HGET', k_c(ns), key)
+  if not v then return 0 end
+  return tonumber(string.match(v, '^%d+'))
+end
+
+-- `c:NS`'s value: the committed ranks, then the key's earliest expiry when it has one.
+local function c_value(count, expiry)
+  if expiry and expiry > 0 then return string.format('%d %.3f', count, expiry) end
+  return tostring(count)
+end
+
 local function sum_hash(key, fields)
   local total = 0
   local values
@@ -226,7 +285,7 @@ local function drop_key(ns, key, nranks)
     if e and e.state == 1 then
       members[lru_member(key, e.depth)] = true
       redis.call('HDEL', ek, key)
-      free_page(ns, r, e.page, math.max(NOW, e.lease))
+      free_page(ns, r, e.page, math.max(NOW, e.lease / 1000))
       redis.call('HINCRBY', k_rf(ns, r), 'used', -1)
       change(ns, key, -1)
       freed[#freed + 1] = {r, e.page}
@@ -234,11 +293,11 @@ local function drop_key(ns, key, nranks)
     end
   end
   if had > 0 then
-    local c = tonumber(redis.call('HGET', k_c(ns), key)) or 0
-    if c >= nranks then redis.call('HINCRBY', k_ns(ns), 'keys', -1) end
-    redis.call('HDEL', k_c(ns), key)
+    if had >= nranks then redis.call('HINCRBY', k_ns(ns), 'keys', -1) end
+    if nranks > 1 then redis.call('HDEL', k_c(ns), key) end
   end
   for m in pairs(members) do redis.call('ZREM', k_lru(ns), m) end
+  if had > 0 then for m in pairs(members) do redis.call('ZREM', k_x(ns), m) end end
   return freed
 end
 

@@ -5,7 +5,8 @@
 -- ARGV: ns, dry_run (0/1).  Returns {keys, bytes, {paths by rank}, writing}.
 local ns, dry = ARGV[1], ARGV[2] == '1'
 local nranks = ns_ranks(ns)
-local keys = redis.call('HLEN', k_c(ns))
+local keys  -- keys with a committed rank: one LRU member each on one rank, else `c:NS`
+if nranks == 1 then keys = redis.call('ZCARD', k_lru(ns)) else keys = redis.call('HLEN', k_c(ns)) end
 local bytes = tonumber(redis.call('HGET', K_HELD, ns)) or 0
 local writing = 0
 local paths = {}
@@ -27,7 +28,7 @@ for r = 0, nranks - 1 do
 end
 local model = redis.call('HGET', k_ns(ns), 'model')
 if model then redis.call('SREM', P .. 'model:' .. model, ns) end
-redis.call('UNLINK', k_c(ns), k_lru(ns), k_pins(ns), k_ev(ns), k_ns(ns))
+redis.call('UNLINK', k_c(ns), k_lru(ns), k_x(ns), k_adm(ns), k_pins(ns), k_ev(ns), k_ns(ns))
 redis.call('HDEL', K_MANIFESTS, ns)
 redis.call('HDEL', K_HELD, ns)
 redis.call('HDEL', K_GIVING, ns)

@@ -1,11 +1,15 @@
--- evict (admin), one batch: committed keys by criteria, every rank at once, LRU first
--- (chain tails first among equally old keys); pending keys never; pinned keys only when
--- asked. The client calls it until it says done, so Redis is never held for long.
+-- evict (admin), one batch: committed keys by criteria, every rank at once, expired keys
+-- first (soonest expiry first), then LRU (chain tails first among equally old keys);
+-- pending keys never; pinned keys only when asked. The client calls it until it says
+-- done, so Redis is never held for long.
 -- ARGV: ns or '', older_than_s or '', target_usage or '', max_entries left or '',
 --       include_pinned (0/1), dry_run (0/1), can_punch (0/1), batch, cutoff or '',
---       bytes a dry run already counted as freed, then (ns, offset) pairs: how far each
---       namespace's LRU set was walked by earlier batches (keys left in place).
--- Returns {keys, pages, bytes, {ns, keys, …}, marked, {ns, offset, …}, done, cutoff}.
+--       bytes a dry run already counted as freed, phase ('x' expired keys, 'l' LRU),
+--       expired_by (ms: what the first batch took as expired) or '', then (ns, offset)
+--       pairs: how far each namespace's index was walked in this phase by earlier
+--       batches (keys left in place).
+-- Returns {keys, pages, bytes, {ns, keys, …}, marked, {ns, offset, …}, done, cutoff,
+--          phase, expired_by}.
 local only = ARGV[1]
 local target = tonumber(ARGV[3])
 local max_entries = tonumber(ARGV[4])
@@ -16,8 +20,10 @@ local batch = tonumber(ARGV[8])
 local cutoff = tonumber(ARGV[9])
 if cutoff == nil and tonumber(ARGV[2]) ~= nil then cutoff = NOW - tonumber(ARGV[2]) end
 local counted = tonumber(ARGV[10])
+local phase = ARGV[11]
+local expired_by = tonumber(ARGV[12]) or NOW_MS
 local offset = {}
-for i = 11, #ARGV, 2 do offset[ARGV[i]] = tonumber(ARGV[i + 1]) end
+for i = 13, #ARGV, 2 do offset[ARGV[i]] = tonumber(ARGV[i + 1]) end
 
 local scope
 if only ~= '' then ns_ranks(only); scope = {only} else scope = redis.call('ZRANGE', K_NAMESPACES, 0, -1) end
@@ -39,21 +45,43 @@ local max_score = '+inf'
 if cutoff ~= nil then max_score = '(' .. f6(cutoff) end
 local ranks, cands = {}, {}
 local threshold = nil
-for _, ns in ipairs(scope) do
-  ranks[ns] = tonumber(redis.call('HGET', k_ns(ns), 'num_ranks'))
+local walked_scope = scope
+if phase == 'x' then walked_scope = expiring_of(scope) end
+for _, ns in ipairs(scope) do ranks[ns] = tonumber(redis.call('HGET', k_ns(ns), 'num_ranks')) end
+for _, ns in ipairs(walked_scope) do
   offset[ns] = offset[ns] or 0
-  -- the LRU index is in eviction order (lua/common.lua, `lru_member`): a window of it
-  local got = redis.call('ZRANGEBYSCORE', k_lru(ns), '-inf', max_score, 'WITHSCORES',
-    'LIMIT', offset[ns], batch)
-  for i = 1, #got, 2 do
-    cands[#cands + 1] = {ns, lru_key(got[i]), tonumber(got[i + 1]), got[i]}
+  local got
+  if phase == 'x' then  -- the expired keys, soonest first: {ns, key, expiry, member}
+    got = redis.call('ZRANGEBYSCORE', k_x(ns), '-inf', expired_by, 'WITHSCORES',
+      'LIMIT', offset[ns], batch)
+    for i = 1, #got, 2 do
+      cands[#cands + 1] = {ns, lru_key(got[i]), tonumber(got[i + 1]), got[i]}
+    end
+  else  -- the LRU index is in eviction order (lua/common.lua, `lru_member`): a window
+    got = redis.call('ZRANGEBYSCORE', k_lru(ns), '-inf', max_score, 'WITHSCORES',
+      'LIMIT', offset[ns], batch)
+    for i = 1, #got, 2 do
+      cands[#cands + 1] = {ns, lru_key(got[i]), tonumber(got[i + 1]), got[i]}
+    end
   end
   if #got == 2 * batch then  -- more beyond: only what sorts before this is in order
     local last = cands[#cands]
     if threshold == nil or sorts_before(last, threshold) then threshold = last end
   end
 end
-if #scope > 1 then table.sort(cands, sorts_before) end
+if #walked_scope > 1 then table.sort(cands, sorts_before) end
+
+-- Whether a candidate is out of this phase: an LRU candidate the expired phase already
+-- walked; an expired one not last accessed before the cutoff.
+local function passed_over(ns, key, depth)
+  if phase == 'l' then
+    local x = tonumber(redis.call('ZSCORE', k_x(ns), lru_member(key, depth)))
+    return x ~= nil and x <= expired_by
+  end
+  if cutoff == nil then return false end
+  local last = tonumber(redis.call('ZSCORE', k_lru(ns), lru_member(key, depth)))
+  return last == nil or last >= cutoff
+end
 local keys, pages, freed_bytes = 0, 0, 0
 local by_ns, counts = {}, {}
 local finished = threshold == nil  -- every candidate is in this batch
@@ -65,13 +93,14 @@ for _, c in ipairs(cands) do
   end
   if threshold ~= nil and sorts_before(threshold, c) then break end
   local ns, key = c[1], c[2]
-  if not evictable(ns, key, ranks[ns], false, include_pinned, nil) then
+  local ok, depth = evictable(ns, key, ranks[ns], false, include_pinned, nil)
+  if not ok or passed_over(ns, key, depth) then
     offset[ns] = offset[ns] + 1  -- stays in the set: walk past it
   else
     local freed = {}
     if dry then
       for r = 0, ranks[ns] - 1 do
-        local e = unpack_entry(redis.call('HGET', k_e(ns, r), key))
+        local e = unpack_entry(redis.call('HGET', k_e(ns, r), key))  -- dry: what would go
         if e and e.state == 1 then freed[#freed + 1] = {r, e.page} end
       end
       offset[ns] = offset[ns] + 1
@@ -88,9 +117,13 @@ for _, c in ipairs(cands) do
     count_evictions(counts, ns, 1, bytes)
   end
 end
-if (max_entries ~= nil and keys >= max_entries)
-    or (target ~= nil and bytes_used <= target * bytes_total) then
-  finished = true
+local met = (max_entries ~= nil and keys >= max_entries)
+    or (target ~= nil and bytes_used <= target * bytes_total)
+if met then finished = true end
+if phase == 'x' and finished and not met then  -- every expired key walked: now the LRU
+  phase = 'l'
+  finished = false
+  offset = {}
 end
 local marked = {}
 if not dry then
@@ -103,4 +136,5 @@ for ns, n in pairs(by_ns) do flat[#flat + 1] = ns; flat[#flat + 1] = n end
 for ns, n in pairs(offset) do walked[#walked + 1] = ns; walked[#walked + 1] = n end
 local cut = ''
 if cutoff ~= nil then cut = f6(cutoff) end
-return {keys, pages, freed_bytes, flat, marked, walked, finished and 1 or 0, cut}
+return {keys, pages, freed_bytes, flat, marked, walked, finished and 1 or 0, cut, phase,
+  string.format('%.3f', expired_by)}

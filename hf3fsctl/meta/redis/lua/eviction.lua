@@ -12,7 +12,7 @@ local function evictable(ns, key, nranks, lru, include_pinned, need_rank)
     local e = unpack_entry(redis.call('HGET', k_e(ns, r), key))
     if e then
       if e.state == 0 then return false, 0 end
-      if lru and e.lease > NOW then return false, 0 end
+      if lru and e.lease > NOW_MS then return false, 0 end
       if e.depth > depth then depth = e.depth end
       committed = committed + 1
     elseif need_rank == r then
@@ -33,21 +33,39 @@ local function sorts_before(a, b)
   return a[1] < b[1]
 end
 
+-- The next `batch` LRU candidates {ns, key, last_access, member} of a namespace past
+-- `from`: a `ZRANGE` of its LRU index, already in eviction order (O(batch + log n)).
+local function lru_window(ns, from, batch)
+  local got = redis.call('ZRANGE', k_lru(ns), from, from + batch - 1, 'WITHSCORES')
+  local out = {}
+  for i = 1, #got, 2 do out[#out + 1] = {ns, lru_key(got[i]), tonumber(got[i + 1]), got[i]} end
+  return out
+end
+
+-- The next `batch` expired keys {ns, key, expiry, member} of a namespace past `from`:
+-- `x:NS` by expiry up to now, soonest first, then deepest (SQLite's twin:
+-- `EXPIRED_OF_NAMESPACE`, walked by `choose_victims`).
+local function expired_window(ns, from, batch)
+  local got = redis.call('ZRANGEBYSCORE', k_x(ns), '-inf', NOW_MS, 'WITHSCORES',
+    'LIMIT', from, batch)
+  local out = {}
+  for i = 1, #got, 2 do out[#out + 1] = {ns, lru_key(got[i]), tonumber(got[i + 1]), got[i]} end
+  return out
+end
+
 -- THE eviction decision of the allocate path (SQLite's twin: `choose_victims` in
--- hf3fsctl/meta/sqlite/eviction.py): the next `batch` members of each namespace's LRU
--- index past `skip[ns]` (the ones walked past as not evictable) — `ZRANGE`, already in
--- eviction order, so O(batch + log n) each — merged. Returns the candidates {ns, key,
--- last_access, member} in eviction order, and the `threshold` candidate past which a
--- namespace has members not fetched (nil: every member is here).
-local function choose_victims(scope, skip, batch)
+-- hf3fsctl/meta/sqlite/eviction.py, expired keys then LRU ones): the next `batch`
+-- candidates of each namespace past `skip[ns]` (the ones walked past as not evictable),
+-- from `window` (`expired_window`, then `lru_window`), merged. Returns the candidates
+-- in eviction order, and the `threshold` candidate past which a namespace has
+-- candidates not fetched (nil: every one is here).
+local function choose_victims(scope, skip, batch, window)
   local cands = {}
   local threshold = nil
   for _, ns in ipairs(scope) do
-    local got = redis.call('ZRANGE', k_lru(ns), skip[ns], skip[ns] + batch - 1, 'WITHSCORES')
-    for i = 1, #got, 2 do
-      cands[#cands + 1] = {ns, lru_key(got[i]), tonumber(got[i + 1]), got[i]}
-    end
-    if #got == 2 * batch then
+    local got = window(ns, skip[ns], batch)
+    for _, c in ipairs(got) do cands[#cands + 1] = c end
+    if #got == batch then
       local last = cands[#cands]
       if threshold == nil or sorts_before(last, threshold) then threshold = last end
     end
@@ -56,20 +74,14 @@ local function choose_victims(scope, skip, batch)
   return cands, threshold
 end
 
--- Evict least-recently-used keys of the namespaces `scope` (a list; merged by last
--- access, chain tails first among equally old keys) until `satisfied()`, or `limit`
--- keys were evicted (so one script never holds Redis for long: a swing larger than the
--- limit is spread over the next allocations). `on_free(ns, rank, page)` hears of every
--- freed page. Counts them under `reason`. Each candidate is checked (`evictable`) only
--- when reached: the cost is the keys walked, not the store's size.
-local function evict_lru(scope, satisfied, on_free, reason, batch, need_rank, limit)
-  local counts = {}
-  local skip = {}
-  local ranks = {}
-  for _, ns in ipairs(scope) do skip[ns] = 0; ranks[ns] = tonumber(redis.call('HGET', k_ns(ns), 'num_ranks')) or 0 end
-  local evicted = 0
+-- One walk of `evict_lru`: candidates of `window` in `names`, evicted while not
+-- `satisfied()` and fewer than `limit` went (`evicted` so far); counted under `why`.
+local function walk(window, names, index, why, satisfied, on_free, batch, need_rank, limit,
+    ranks, evicted)
+  local counts, skip = {}, {}
+  for _, ns in ipairs(names) do skip[ns] = 0 end
   while not satisfied() and evicted < limit do
-    local cands, threshold = choose_victims(scope, skip, batch)
+    local cands, threshold = choose_victims(names, skip, batch, window)
     if #cands == 0 then break end
     local progressed = false
     for _, c in ipairs(cands) do
@@ -88,13 +100,42 @@ local function evict_lru(scope, satisfied, on_free, reason, batch, need_rank, li
         count_evictions(counts, ns, 1, bytes)
         evicted = evicted + 1
       elseif depth == -1 then
-        redis.call('ZREM', k_lru(ns), c[4])  -- no committed entry left: not a candidate
+        redis.call('ZREM', index(ns), c[4])  -- no committed entry left: not a candidate
       else
         skip[ns] = skip[ns] + 1
       end
     end
     if not progressed then break end
   end
-  apply_evictions(counts, reason)
+  apply_evictions(counts, why)
   return evicted
+end
+
+-- Namespaces of `scope` holding keys with an expiry (`x:NS` exists).
+local function expiring_of(scope)
+  local out = {}
+  for _, ns in ipairs(scope) do
+    if redis.call('EXISTS', k_x(ns)) == 1 then out[#out + 1] = ns end
+  end
+  return out
+end
+
+-- Evict the expired keys of the namespaces `scope` (a list; soonest expiry first), then
+-- least-recently-used ones (merged by last access, chain tails first among equally old
+-- keys) until `satisfied()`, or `limit` keys were evicted (so one script never holds
+-- Redis for long: a swing larger than the limit is spread over the next allocations).
+-- `on_free(ns, rank, page)` hears of every freed page. Counts them under "expired" and
+-- `reason`. Each candidate is checked (`evictable`) only when reached: the cost is the
+-- keys walked, not the store's size.
+local function evict_lru(scope, satisfied, on_free, reason, batch, need_rank, limit)
+  local ranks = {}
+  for _, ns in ipairs(scope) do ranks[ns] = tonumber(redis.call('HGET', k_ns(ns), 'num_ranks')) or 0 end
+  local evicted = 0
+  local expiring = expiring_of(scope)
+  if #expiring > 0 then
+    evicted = walk(expired_window, expiring, k_x, 'expired', satisfied, on_free, batch,
+      need_rank, limit, ranks, evicted)
+  end
+  return walk(lru_window, scope, k_lru, reason, satisfied, on_free, batch, need_rank, limit,
+    ranks, evicted)
 end

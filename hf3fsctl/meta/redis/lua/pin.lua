@@ -37,7 +37,6 @@ for _, key in ipairs(unique) do
   local created = NOW
   if v then created = tonumber(string.match(v, '^%S+ (%S+)$')) end
   redis.call('HSET', pk, key, f6(expires) .. ' ' .. f6(created))
-  local c = tonumber(redis.call('HGET', k_c(ns), key)) or 0
-  if c >= nranks then stored = stored + 1 end
+  if committed_ranks(ns, key, nranks) >= nranks then stored = stored + 1 end
 end
 return {#unique, stored, total}

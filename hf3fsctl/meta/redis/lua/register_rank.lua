@@ -6,6 +6,9 @@ local nranks = ns_ranks(ns)
 if rank >= nranks then
   fail('INVALID', 'rank ' .. rank .. ' is out of range: namespace ' .. ns .. ' has ' .. nranks .. ' ranks')
 end
+if tonumber(ARGV[6]) > 281474976710656 then  -- an entry holds its page in 6 bytes
+  fail('INVALID', 'num_pages ' .. ARGV[6] .. ' is more than the Redis store addresses in one file (2^48)')
+end
 local rk = k_rf(ns, rank)
 local v = redis.call('HMGET', rk, 'path', 'page_bytes', 'slot', 'num_pages', 'prealloc')
 if v[1] then

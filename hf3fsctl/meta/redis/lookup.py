@@ -1,0 +1,136 @@
+"""The Redis store's `lookup`: one pipelined round trip, the hot read native (no Lua).
+
+The pipeline is a native `HMGET` of the keys and the `count_lookup` script, which counts
+the lookup and answers the namespace's ranks (`NotFound` if none) and Redis's time in
+ms. Passing 1,000 keys through a script would cost Redis ~4x more. What the `HMGET`
+reads depends on the namespace's ranks (fixed by its manifest, so remembered per
+namespace; the first lookup of a namespace in a process reads them first):
+
+- one rank: `e:NS:0`, the entries themselves (format 3 keeps no `c:NS` then): a key
+  counts when its entry is committed and unexpired (`codec.entry_counts`: the flags and
+  the expiry, at fixed offsets);
+- more: `c:NS`, "RANKS" or "RANKS EXPIRY_MS" per key (`codec.committed_counts`).
+
+Keys count up to the first that does not. A lookup's hits are counted with this
+process's next lookup, or at `flush` / `close` / exit (`lookup_hits.py`).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import redis.exceptions as rex
+
+from hf3fsctl.errors import NotFound
+from hf3fsctl.meta.redis.codec import committed_counts, encode_key, entry_counts
+from hf3fsctl.meta.redis.connection import call
+
+if TYPE_CHECKING:
+    from redis.commands.core import Script
+
+    from hf3fsctl.meta.redis.lookup_hits import LookupHits
+
+logger = logging.getLogger(__name__)
+
+
+class Lookups:
+    """The store's lookups: its client, the `count_lookup` script, the hits not yet
+    counted, and each namespace's ranks once read."""
+
+    def __init__(
+        self, client: Any, prefix: str, where: str, cluster: bool, script: Script, hits: LookupHits
+    ) -> None:
+        self.client = client
+        self.prefix = prefix
+        self.where = where
+        self.cluster = cluster
+        self.script = script
+        self.hits = hits
+        self.ranks: dict[str, int] = {}  # namespace → its ranks (fixed by its manifest)
+
+    def lookup(self, namespace: str, keys: Sequence[str]) -> int:
+        """How many leading `keys` are committed on every rank and unexpired."""
+        ranks = self.ranks.get(namespace)
+        if ranks is None:
+            ranks = self._num_ranks(namespace)
+        found, answered = self._lookup(namespace, keys, ranks)
+        if answered != ranks:  # dropped and registered again with other ranks: ask again
+            self.ranks[namespace] = answered
+            found, answered = self._lookup(namespace, keys, answered)
+        return found
+
+    def _num_ranks(self, namespace: str) -> int:
+        key = f"{self.prefix}ns:{namespace}"
+        value = call(lambda: self.client.hget(key, "num_ranks"), self.where, idempotent=True)
+        if value is None:
+            raise NotFound(f"namespace {namespace} is not registered")
+        self.ranks[namespace] = int(value)
+        return int(value)
+
+    def _lookup(self, namespace: str, keys: Sequence[str], ranks: int) -> tuple[int, int]:
+        pending = self.hits.take()
+        counters: list[Any] = [namespace, len(keys)]
+        for ns, hits in pending.items():
+            counters += [ns, hits]
+        read = f"{self.prefix}e:{namespace}:0" if ranks == 1 else f"{self.prefix}c:{namespace}"
+        fields = [encode_key(key) for key in keys]
+
+        def run() -> list[Any]:
+            try:
+                return self._pipeline(read, fields, counters)
+            except rex.NoScriptError:  # a fresh server (after a failover): load, ask again
+                self.client.script_load(self.script.script)
+                return self._pipeline(read, fields, counters)
+
+        try:
+            replies = call(run, self.where, idempotent=True)
+        except BaseException:
+            self.hits.add(pending)  # not counted: keep them for the next lookup
+            raise
+        answered, now_ms = int(replies[-1][0]), float(replies[-1][1])
+        found = 0
+        if keys and answered == ranks:
+            for value in replies[0]:
+                if ranks == 1:
+                    if not entry_counts(value, now_ms):
+                        break
+                elif not committed_counts(value, ranks, now_ms):
+                    break
+                found += 1
+        if found:
+            self.hits.add({namespace: found})
+        return found, answered
+
+    def _pipeline(self, read: str, fields: list[bytes], counters: list[Any]) -> list[Any]:
+        if self.cluster:
+            # redis-py's cluster pipelines refuse scripts: pipeline on the slot's master
+            # itself; once the slot moved or that master is gone, two round trips through
+            # the cluster client, which follows the slot map
+            node = self.client.get_node_from_key(self.prefix)
+            if node is not None and node.redis_connection is not None:
+                try:
+                    return self._pipelined(node.redis_connection, read, fields, counters)
+                except (rex.ConnectionError, rex.MovedError, rex.AskError,
+                        rex.ClusterDownError, rex.TryAgainError) as exc:  # fmt: skip
+                    # (a timeout is not repeated: `call` says why)
+                    logger.debug("Redis Cluster %s: %s; through the slot map", self.where, exc)
+            head = [self.client.hmget(read, fields)] if fields else []
+            return [*head, self.script(keys=[self.prefix], args=counters)]
+        return self._pipelined(self.client, read, fields, counters)
+
+    def _pipelined(
+        self, client: Any, read: str, fields: list[bytes], counters: list[Any]
+    ) -> list[Any]:
+        pipe = client.pipeline(transaction=False)
+        if fields:
+            pipe.hmget(read, fields)
+        pipe.evalsha(self.script.sha, 1, self.prefix, *counters)
+        # Errors come back as the exceptions themselves, not re-worded by the pipeline:
+        # `translate` reads their kind as any other call's.
+        replies = list(pipe.execute(raise_on_error=False))
+        for reply in replies:
+            if isinstance(reply, Exception):
+                raise reply
+        return replies
