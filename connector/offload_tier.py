@@ -171,7 +171,14 @@ class Hf3fsctlOffloadTier(SecondaryTierManager):
             logger.warning("hf3fsctl offload tier: store unusable: %s", exc.message)
             return JobResult(job_id=job.job_id, success=False)
         pages = [self._chunk(cid) for cid in job.chunk_ids]
-        outcome = tier.save([offload_key(k) for k in keys], pages, self._first_depth(job, keys))
+        retention = self.store.config.retention  # no per-request params on this door
+        outcome = tier.save(
+            [offload_key(k) for k in keys],
+            pages,
+            self._first_depth(job, keys),
+            retention_s=retention.default,
+            renew_on_read=retention.default is not None and retention.renew_on_read,
+        )
         ok = all(kind in (SAVED, EXISTING) for kind in outcome.kinds)
         if not ok:
             logger.info(
