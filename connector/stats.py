@@ -11,13 +11,27 @@ Contract:
       hook tests and benchmarks read; it never resets.
     * Counter names: see `COUNTERS`; failures are `failed_<kind>` with kinds in
       `FAILURE_KINDS`; latencies are sampled (bounded lists) per interval.
+    * Fixed costs (docs/design.md "Fixed costs"): `step(side, ns)` records one engine
+      step's CPU time inside the connector's calls on one side (`STEP_SIDES`), as µs in
+      the `step_us_<side>` sample list (shipped with other counts, or every
+      `STEP_SHIP_SAMPLES` steps / `STEP_SHIP_S` seconds, so an idle engine's steps ship
+      no stats object each), and in the process totals as `steps_<side>`,
+      `step_us_<side>_sum` and a cumulative histogram `step_us_<side>_le_<edge>` (µs
+      edges `STEP_EDGES_US`, only buckets that were hit: a difference of two totals is
+      the histogram of the steps between them). `step_percentiles` reads p50/p99 back.
+    * `take()` on an interval with nothing recorded returns None without building a
+      dict (it runs every engine step).
     * No vLLM here: the vLLM-facing classes (stats type, Prometheus metrics) are in
       `connector.vllm_stats`.
 """
 
 from __future__ import annotations
 
+import bisect
+import math
 import threading
+import time
+from collections.abc import Mapping
 from typing import Any
 
 COUNTERS = (
@@ -53,6 +67,12 @@ FAILURE_KINDS = (
 LATENCIES = ("lookup_s", "load_s", "save_s")
 STATE = "state_level"  # health: 0 ok, 1 degraded, 2 disabled (not a counter)
 MAX_SAMPLES = 512
+STEP_SIDES = ("scheduler", "worker")
+STEP_TIMES = tuple(f"step_us_{side}" for side in STEP_SIDES)  # µs per step, sampled
+STEP_SHIP_SAMPLES = 64  # step samples waiting before they are shipped on their own
+STEP_SHIP_S = 1.0  # ... or this long since the last shipment
+# Histogram edges (µs) of the process totals: 1 µs to ~100 s, 2^(1/8) apart (9%).
+STEP_EDGES_US = tuple(float(f"{2 ** (i / 8):.4g}") for i in range(8 * 27))
 
 _TOTALS_LOCK = threading.Lock()
 _TOTALS: dict[str, float] = {}
@@ -63,6 +83,7 @@ def empty_counts() -> dict[str, Any]:
     data: dict[str, Any] = {name: 0 for name in COUNTERS}
     data.update({f"failed_{kind}": 0 for kind in FAILURE_KINDS})
     data.update({name: [] for name in LATENCIES})
+    data.update({name: [] for name in STEP_TIMES})
     return data
 
 
@@ -90,17 +111,54 @@ def process_totals() -> dict[str, float]:
     return totals
 
 
+def step_bucket_key(side: str, edge_us: float) -> str:
+    """The process-totals key of one step-time histogram bucket (steps of <= edge µs)."""
+    return f"step_us_{side}_le_{edge_us:g}"
+
+
+def step_percentiles(totals: Mapping[str, Any], side: str) -> dict[str, float | None]:
+    """p50 / p99 / mean µs per step of `side` from (a difference of) process totals.
+
+    A percentile is its bucket's upper edge (at most 9% above the true value); None
+    when no step was recorded.
+    """
+    prefix = f"step_us_{side}_le_"
+    buckets = sorted(
+        (float(key[len(prefix) :]), count)
+        for key, count in totals.items()
+        if key.startswith(prefix) and count
+    )
+    steps = sum(count for _, count in buckets)
+    out: dict[str, float | None] = {"p50": None, "p99": None, "mean": None}
+    if not steps:
+        return out
+    for name, q in (("p50", 0.50), ("p99", 0.99)):
+        rank, seen = max(1, math.ceil(q * steps)), 0  # nearest rank
+        for edge, count in buckets:
+            seen += count
+            if seen >= rank:
+                out[name] = edge
+                break
+    out["mean"] = float(totals.get(f"step_us_{side}_sum", 0.0)) / steps
+    return out
+
+
 class StatsRecorder:
     """Thread-safe counters of one connector side."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._data = empty_counts()
+        self._dirty = False  # something besides step samples was recorded since take()
+        self._steps: dict[str, list[float]] = {name: [] for name in STEP_TIMES}
+        self._steps_waiting = 0
+        self._steps_shipped_at = time.monotonic()
         self._reported_level = 0
 
     def add(self, **counts: float) -> None:
         """Add to named counters (`COUNTERS` names or `failed_<kind>`)."""
         with self._lock:
+            self._dirty = True
             for name, value in counts.items():
                 self._data[name] += value
         with _TOTALS_LOCK:
@@ -114,9 +172,25 @@ class StatsRecorder:
     def observe(self, name: str, seconds: float) -> None:
         """Record one latency sample (`LATENCIES` names)."""
         with self._lock:
+            self._dirty = True
             samples = self._data[name]
             if len(samples) < MAX_SAMPLES:
                 samples.append(seconds)
+
+    def step(self, side: str, ns: int) -> None:
+        """Record one engine step's connector CPU time on `side` (`STEP_SIDES`)."""
+        us = ns / 1000.0
+        edge = STEP_EDGES_US[min(bisect.bisect_left(STEP_EDGES_US, us), len(STEP_EDGES_US) - 1)]
+        with self._lock:
+            samples = self._steps[f"step_us_{side}"]
+            if len(samples) < MAX_SAMPLES:
+                samples.append(us)
+            self._steps_waiting += 1
+        bucket = step_bucket_key(side, edge)
+        with _TOTALS_LOCK:
+            _TOTALS[f"steps_{side}"] = _TOTALS.get(f"steps_{side}", 0) + 1
+            _TOTALS[f"step_us_{side}_sum"] = _TOTALS.get(f"step_us_{side}_sum", 0.0) + us
+            _TOTALS[bucket] = _TOTALS.get(bucket, 0) + 1
 
     def take(self, state_level: int = 0) -> dict[str, Any] | None:
         """The counts since the last call (None when there were none).
@@ -127,8 +201,20 @@ class StatsRecorder:
                 for the `hf3fsctl:connector_state` gauge.
         """
         with self._lock:
-            data, self._data = self._data, empty_counts()
-            if state_level or state_level != self._reported_level:
+            state_due = bool(state_level) or state_level != self._reported_level
+            steps_due = self._steps_waiting >= STEP_SHIP_SAMPLES or (
+                self._steps_waiting and time.monotonic() - self._steps_shipped_at >= STEP_SHIP_S
+            )
+            if not (self._dirty or state_due or steps_due):
+                return None
+            data, self._data, self._dirty = self._data, empty_counts(), False
+            if self._steps_waiting:  # every shipment carries the steps so far
+                for name, samples in self._steps.items():
+                    data[name] = samples
+                self._steps = {name: [] for name in STEP_TIMES}
+                self._steps_waiting = 0
+                self._steps_shipped_at = time.monotonic()
+            if state_due:
                 data[STATE] = state_level
             self._reported_level = state_level
         return None if is_empty(data) else data

@@ -8,11 +8,15 @@ Contract:
       vLLM aggregates it across workers (sums, the worst health state, bounded latency
       samples) and reduces it for its log line.
     * `Hf3fsctlPromMetrics` turns the aggregated counts into `hf3fsctl:connector_*`
-      counters, a failure counter by kind, the health gauge and a latency histogram.
+      counters, a failure counter by kind, the health gauge, a latency histogram and
+      `hf3fsctl:connector_step_cpu_seconds{side}`, the histogram of the connector's CPU
+      time per engine step on each side (docs/design.md "Fixed costs").
+    * `reduce()` (vLLM's log line) adds `<side>_step_p50_us` / `_p99_us`.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -23,7 +27,21 @@ from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (
     PromMetricT,
 )
 
-from .stats import FAILURE_KINDS, LATENCIES, MAX_SAMPLES, STATE, empty_counts, gbps, is_empty
+from .stats import (
+    FAILURE_KINDS,
+    LATENCIES,
+    MAX_SAMPLES,
+    STATE,
+    STEP_SIDES,
+    empty_counts,
+    gbps,
+    is_empty,
+)
+
+
+def _nearest_rank(ordered: list[float], q: float) -> float:
+    """The nearest-rank `q` quantile of an ascending non-empty list."""
+    return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
 
 
 @dataclass
@@ -62,6 +80,11 @@ class Hf3fsctlConnectorStats(KVConnectorStats):
                 out[f"avg_{name.removesuffix('_s')}_ms"] = round(
                     1000 * sum(samples) / len(samples), 2
                 )
+        for side in STEP_SIDES:
+            steps = sorted(data.get(f"step_us_{side}") or [])
+            if steps:
+                out[f"{side}_step_p50_us"] = round(_nearest_rank(steps, 0.50), 1)
+                out[f"{side}_step_p99_us"] = round(_nearest_rank(steps, 0.99), 1)
         return out
 
     def is_empty(self) -> bool:
@@ -115,6 +138,13 @@ class Hf3fsctlPromMetrics(KVConnectorPromMetrics):
             labelnames=[*labelnames, "op"],
             buckets=[0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0],
         )
+        self._step_cpu: Any = self._histogram_cls_any(
+            name="hf3fsctl:connector_step_cpu_seconds",
+            documentation="CPU time of the connector's calls on the engine thread per engine "
+            "step, by side (scheduler, worker)",
+            labelnames=[*labelnames, "side"],
+            buckets=[1e-5, 2e-5, 5e-5, 1e-4, 2e-4, 5e-4, 1e-3, 2e-3, 5e-3, 0.01, 0.05, 0.25],
+        )
 
     def observe(self, transfer_stats_data: dict[str, Any], engine_idx: int = 0) -> None:
         labels = self.per_engine_labelvalues.get(engine_idx, [])
@@ -131,3 +161,9 @@ class Hf3fsctlPromMetrics(KVConnectorPromMetrics):
         for name in LATENCIES:
             for seconds in transfer_stats_data.get(name) or []:
                 self._latency.labels(*labels, name.removesuffix("_s")).observe(seconds)
+        for side in STEP_SIDES:
+            samples = transfer_stats_data.get(f"step_us_{side}")
+            if samples:
+                histogram = self._step_cpu.labels(*labels, side)
+                for us in samples:
+                    histogram.observe(us / 1e6)

@@ -292,6 +292,18 @@ def _fmt(value: Any, spec: str, suffix: str = "") -> str:
     return f"{format(value, spec)}{suffix}"
 
 
+def _step_cells(entry: dict[str, Any]) -> tuple[str, str]:
+    """Our connector's CPU µs per engine step, "scheduler+worker", at p50 and p99."""
+    sides = entry.get("connector_step_cpu")
+    if not sides:
+        return "-", "-"
+    cells = []
+    for key in ("p50_us", "p99_us"):
+        values = [sides[side].get(key) for side in ("scheduler", "worker") if side in sides]
+        cells.append("+".join(_fmt(v, ".0f") for v in values))
+    return cells[0], cells[1]
+
+
 def render(document: dict[str, Any]) -> RenderableType:
     """For people: the figures table, the ratios to the ceilings, goals and notes."""
     from rich.console import Group
@@ -316,6 +328,8 @@ def render(document: dict[str, Any]) -> RenderableType:
         "TTFT p50",
         "TTFT p99",
         "p50 × floor",
+        "conn µs/step p50",
+        "p99",
         "hit rate",
         "prefill tok/s",
         "× none",
@@ -341,6 +355,7 @@ def render(document: dict[str, Any]) -> RenderableType:
             _fmt(entry["ttft_p50_s"], ".3f", " s"),
             _fmt(entry["ttft_p99_s"], ".3f", " s"),
             _fmt(r.get("ttft_p50_over_floor"), ".2f", "×"),
+            *_step_cells(entry),
             _fmt(None if entry["hit_rate"] is None else entry["hit_rate"] * 100, ".1f", "%"),
             _fmt(entry["prefill_tokens_per_s"], ",.0f"),
             _fmt(r.get("prefill_tokens_per_s_over_baseline"), ".2f", "×"),
@@ -357,6 +372,11 @@ def render(document: dict[str, Any]) -> RenderableType:
     for kind, ceiling in document["ceiling"].items():
         if kind != "ratio":
             ratios.add_row(f"{kind} ceiling", ceiling)
+    ratios.add_row(
+        "conn µs/step",
+        "our connector's CPU time in its calls on the engine thread per engine step, "
+        "scheduler side + worker side (its own stats)",
+    )
     for key, value in document["ratios"].items():
         if value is not None:
             ratios.add_row(key, f"{value:.3f}")

@@ -12,7 +12,14 @@ from typing import Any
 
 from hf3fsctl.bench import report
 from hf3fsctl.bench.e2e.samples import ratio_of
-from hf3fsctl.bench.e2e.settings import GOAL_COLD_PREFILL, REFERENCES, E2ESettings
+from hf3fsctl.bench.e2e.settings import (
+    GOAL_COLD_PREFILL,
+    GOAL_COLD_PREFILL_FIXED,
+    GOAL_STEP_US,
+    GOAL_WARM_OVER_FLOOR,
+    REFERENCES,
+    E2ESettings,
+)
 
 
 def settings_dict(settings: E2ESettings) -> dict[str, Any]:
@@ -20,6 +27,20 @@ def settings_dict(settings: E2ESettings) -> dict[str, Any]:
     data["work_dir"] = str(settings.work_dir) if settings.work_dir else None
     data["peers"] = list(settings.peers)
     return data
+
+
+def step_p50_us(entry: dict[str, Any]) -> float | None:
+    """The connector's p50 CPU µs per step, scheduler's plus worker's (None: not ours)."""
+    sides = entry.get("connector_step_cpu") or {}
+    p50s = [side.get("p50_us") for side in sides.values()]
+    return None if not p50s or None in p50s else float(sum(p50s))
+
+
+def step_goal(configurations: dict[str, dict[str, Any]]) -> bool | None:
+    """Whether every run of our connector costs at most `GOAL_STEP_US` per step (p50)."""
+    ours = [step_p50_us(configurations.get(name, {})) for name in ("cold", "warm")]
+    measured = [us for us in ours if us is not None]
+    return None if not measured else max(measured) <= GOAL_STEP_US
 
 
 def build_document(
@@ -91,10 +112,22 @@ def build_document(
                 fig("warm", "ttft_p50_over_floor"), fig("lmcache-warm", "ttft_p50_over_floor")
             ),
         }
+        warm_floor = fig("warm", "ttft_p50_over_floor")
+        warm_example = ratios["ours_warm_over_example_warm"]
         goals = {
             "cold_prefill_within_10pct_of_none": (
                 None if cold_prefill is None else cold_prefill >= GOAL_COLD_PREFILL
             ),
+            "cold_prefill_at_least_95pct_of_none": (
+                None if cold_prefill is None else cold_prefill >= GOAL_COLD_PREFILL_FIXED
+            ),
+            "warm_ttft_at_most_110pct_of_floor": (
+                None if warm_floor is None else warm_floor <= GOAL_WARM_OVER_FLOOR
+            ),
+            "warm_ttft_at_most_example_warm": (
+                None if warm_example is None else warm_example <= 1.0
+            ),
+            "connector_step_p50_at_most_50us": step_goal(configurations),
             "outputs_identical": all(
                 e.get("outputs_match_none") for e in configurations.values() if "ratios" in e
             ),

@@ -33,6 +33,12 @@ TOKEN_ID_LIMIT = 4096  # prompt ids stay below every model's vocabulary (the tin
 
 
 GOAL_COLD_PREFILL = 0.90  # cold prefill throughput at least 90% of no connector
+# Issue 23's fixed-cost targets: cold prefill at least 95% of no connector, warm TTFT at
+# most 1.10x the floor (and at most ExampleConnector's), and an engine step costs at most
+# 50 µs of connector CPU time (p50 of the scheduler's plus the worker's).
+GOAL_COLD_PREFILL_FIXED = 0.95
+GOAL_WARM_OVER_FLOOR = 1.10
+GOAL_STEP_US = 50.0
 
 
 LABELS = {
