@@ -44,6 +44,8 @@ from hf3fsctl.bench.metadata.stores import (
 
 IN_TREE_SPARE_PAGES = 1 << 16  # pages beyond the filled ones, for its save cell
 
+REDIS_FILL_WORKERS = 2  # client processes filling Redis at once (its client side is Python)
+
 
 def timed_create(directory: Path, entries: int, tag: str, run_id: str) -> Any:
     began = time.monotonic()
@@ -206,7 +208,7 @@ def measure_redis(
         client.close()
     PageFile.create_growable(root, ns, 0, PAGE_BYTES).close()
     before = redis.used_memory()
-    fill_s = fill_spec(spec, FILL_CHUNK)
+    fill_s = fill_spec(spec, FILL_CHUNK, workers=REDIS_FILL_WORKERS)
     after = redis.used_memory()
     usage = redis.memory_usage()
     assert redis.process is not None

@@ -4,11 +4,22 @@ Contract: every store a cell measures is made here — pre-filled with `entries`
 committed keys through the store API in big batches (the full stores hold exactly their
 capacity), copied from a pristine one so each cell starts from the same state — and
 reached through `StoreSpec.client()` the way production reaches it.
+
+Bulk fill (SQLite, `_fill_store`): the rows are the store's own — every key goes through
+`allocate` and `commit` — but the keys go in globally sorted order, so each B-tree keyed
+by the key (`entries_by_key`, `key_lru`) is appended to rather than inserted into at
+random, and the fill's connection caches up to `FILL_CACHE_KIB` and skips fsync
+(`synchronous = OFF`: a fill that dies is thrown away anyway). 10⁶ entries took 274 s
+through 8,192-key batches in random order with the store's 2 MiB cache. Depths follow
+the sorted order (`first_depth` of each batch). Redis (`fill_spec(workers=)`): the same
+calls from several processes over disjoint key ranges, so the client side of the fill
+is not one core's.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import gc
 import hashlib
 import shutil
 import time
@@ -16,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from hf3fsctl.bench.metadata.children import in_child
+from hf3fsctl.bench.metadata.children import in_child, start_child
 from hf3fsctl.errors import MetadataUnavailable
 
 if TYPE_CHECKING:
@@ -170,12 +181,26 @@ def _fill_store(
             store.register_namespace(ns, manifest)
             store.register_rank(ns, bench_rank_file(ns))
             PageFile.create_growable(root, ns, 0, PAGE_BYTES).close()
+        bulk_connection(store)
+        ordered = sorted(key(spec.stored_tag, i) for i in range(spec.entries))
+        gc.disable()  # the fill makes no cycles; collections walking its heap cost ~10%
         for number, start in enumerate(range(0, spec.entries, FILL_CHUNK)):
             ns = spec.namespaces[number % len(spec.namespaces)]
-            stop = min(spec.entries, start + FILL_CHUNK)
-            store_chunk(store, spec, ns, start, stop)
+            store_keys_now(store, spec, ns, ordered[start : start + FILL_CHUNK], start)
     finally:
+        gc.enable()
         store.close()
+
+
+FILL_CACHE_KIB = 512 * 1024  # the fill connection's page cache (the store's own: 2 MiB)
+
+
+def bulk_connection(store: Any) -> None:
+    """Tune the fill's own SQLite connection (this thread's) for a bulk fill: a large
+    page cache and no fsync. The rows written do not change; only how fast."""
+    conn = store._conn()  # the store's connection of this thread: the one its calls use
+    conn.execute(f"PRAGMA cache_size = -{FILL_CACHE_KIB}")
+    conn.execute("PRAGMA synchronous = OFF")
 
 
 def store_chunk(api: Any, spec: StoreSpec, ns: str, start: int, stop: int) -> None:
@@ -185,10 +210,15 @@ def store_chunk(api: Any, spec: StoreSpec, ns: str, start: int, stop: int) -> No
     in sorted order: SQLite's B-tree inserts then walk each index once instead of at
     random (a 4·10⁵ fill: 58 s instead of 91 s); their depths follow that order.
     """
+    keys = sorted(key(spec.stored_tag, i) for i in range(start, stop))
+    store_keys_now(api, spec, ns, keys, start)
+
+
+def store_keys_now(api: Any, spec: StoreSpec, ns: str, keys: list[str], first_depth: int) -> None:
+    """Allocate and commit `keys` (depths from `first_depth`) in one call each."""
     from hf3fsctl.meta.models import CommitItem
 
-    keys = sorted(key(spec.stored_tag, i) for i in range(start, stop))
-    result = api.allocate(ns, 0, keys, first_depth=start)
+    result = api.allocate(ns, 0, keys, first_depth=first_depth)
     if result.no_space:
         raise MetadataUnavailable(
             f"filling store {spec.name}: {len(result.no_space)} keys found no space",
@@ -231,17 +261,31 @@ def copy_store(spec: StoreSpec, db: Path, directory: Path) -> tuple[StoreSpec, P
     return copy, target
 
 
-def fill_spec(spec: StoreSpec, chunk: int) -> float:
-    """Fill `spec`'s first namespace with its entries through its client; seconds taken."""
-    client = spec.client()
+def fill_spec(spec: StoreSpec, chunk: int, workers: int = 1) -> float:
+    """Fill `spec`'s first namespace with its entries through its client; seconds taken.
+
+    With `workers > 1`, that many forked processes fill disjoint, interleaved ranges of
+    `chunk` keys at once, each through its own client.
+    """
     began = time.monotonic()
+    if workers <= 1:
+        _fill_range(spec, chunk, 0, 1)
+    else:
+        children = [start_child(_fill_range, spec, chunk, w, workers) for w in range(workers)]
+        for child in children:
+            child.result()
+    return time.monotonic() - began
+
+
+def _fill_range(spec: StoreSpec, chunk: int, worker: int, workers: int) -> None:
+    """Every `workers`-th batch of `chunk` keys, from batch `worker` on."""
+    client = spec.client()
     try:
-        for start in range(0, spec.entries, chunk):
+        for start in range(worker * chunk, spec.entries, workers * chunk):
             stop = min(spec.entries, start + chunk)
             store_chunk(client, spec, spec.namespaces[0], start, stop)
     finally:
         client.close()
-    return time.monotonic() - began
 
 
 def register_main(spec: StoreSpec, manifest: dict[str, Any]) -> None:
