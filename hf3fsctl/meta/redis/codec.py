@@ -7,9 +7,11 @@ at the Python boundary.
   length no even key reaches (128 digits are 64 bytes), so the mapping stays one to one.
 - A checksum `"xxh3:" + 16 hex digits` (what `storage.checksum.page_checksum` records)
   is stored as 9 bytes (`\\x01` then the digest); any other is stored as its text.
-- An entry is `lua/common.lua`'s `ENTRY` (`<BI6I4I5I5I4I7I5I5I5f`, then the checksum:
+- An entry is `lua/common.lua`'s `ENTRY` (`<BI7I6I4I5I5I4I5I5I5f`, then the checksum:
   times in ms since `EPOCH_MS`, `until` in µs, 0 for none): 60 bytes with an xxh3
-  checksum, one 64-byte allocation.
+  checksum, one 64-byte allocation. Flags and `until` lead: a committed entry without an
+  expiry starts with `"\x01"` and seven NULs, which `entry_counts` sees in the decoded
+  reply without re-encoding it.
 
 redis-py hands replies over decoded (`decode_responses=True`, `surrogateescape`), so
 `raw(text)` gives back the bytes Redis holds.
@@ -24,11 +26,11 @@ from typing import Any
 _ODD_KEY_BYTES = 65  # an odd-length key's text is padded to this (even keys: at most 64)
 _XXH3 = re.compile(r"^xxh3:[0-9a-f]{16}$")
 _XXH3_TAG = b"\x01"
-# flags, page, depth, created, last_access, hits, until, lease_until, page_free_at, size,
-# retention: the 5- and 6-byte integers are read as bytes (struct has no such format)
-_ENTRY = struct.Struct("<B6sI5s5sI7s5s5s5sf")
+# flags, until, page, depth, created, last_access, hits, lease_until, page_free_at, size,
+# retention: the 5-, 6- and 7-byte integers are read as bytes (struct has none such)
+_ENTRY = struct.Struct("<B7s6sI5s5sI5s5s5sf")
 ENTRY_BYTES = _ENTRY.size
-UNTIL_AT = 25  # byte offset of `until` (the expiry of a committed entry), 7 bytes of µs
+_FOREVER = "\x01" + "\x00" * 7  # committed, no expiry: how such an entry starts
 EPOCH_MS = 1_735_689_600_000  # 2025-01-01 UTC: entries' times count from it
 COMMITTED, RENEW = 1, 2  # flag bits
 
@@ -87,7 +89,7 @@ def _until_ms(data: bytes) -> float:
 def unpack_entry(value: str) -> dict[str, Any]:
     """An entry's fields, times in seconds (as stored: whole milliseconds)."""
     data = raw(value)
-    flags, page, depth, created, last, hits, until, lease, free_at, size, retention = (
+    flags, until, page, depth, created, last, hits, lease, free_at, size, retention = (
         _ENTRY.unpack_from(data)
     )
     committed = bool(flags & COMMITTED)
@@ -115,10 +117,12 @@ def entry_counts(value: str | None, now_ms: float) -> bool:
     committed and unexpired at `now_ms`, from its flags and `until` alone."""
     if value is None:
         return False
+    if value.startswith(_FOREVER):  # the common case: no re-encoding
+        return True
     data = raw(value)
     if not data[0] & COMMITTED:
         return False
-    until = _until_ms(data[UNTIL_AT : UNTIL_AT + 7])
+    until = _until_ms(data[1:8])
     return until == 0 or until > now_ms
 
 

@@ -46,16 +46,18 @@ local CHANGES_KEEP = 200000
 -- entries --------------------------------------------------------------------------
 -- Keys arrive as bytes (`codec.encode_key`: 64 hex digits are 32 bytes); a script never
 -- reads them, only compares and stores them. An entry is packed binary (`struct`, one C
--- call each way): flags (bit 0 committed, bit 1 renew on read), page (6 bytes), depth,
--- created, last_access, hits, until (pending: the writer's deadline; committed: the
--- expiry, 0 none), lease_until, page_free_at, size (5 bytes), retention (seconds,
+-- call each way): flags (bit 0 committed, bit 1 renew on read), until (pending: the
+-- writer's deadline; committed: the expiry, 0 none), page (6 bytes), depth, created,
+-- last_access, hits, lease_until, page_free_at, size (5 bytes), retention (seconds,
 -- float32), then the checksum (`codec.encode_checksum`: "xxh3:" and 16 hex digits are 9
 -- bytes). Times count from `EPOCH_MS` (0: none): whole milliseconds in 5 bytes (to
 -- 2059), `until` in microseconds in 7 bytes (an expiry is exact to the microsecond, as
 -- SQLite's). Integers are unsigned little-endian. 60 bytes with an xxh3 checksum, one
--- 64-byte allocation (format 3; `codec.unpack_entry` reads the same layout). In a
--- script, every time is in ms (a double: `until` keeps its microseconds).
-local ENTRY = '<BI6I4I5I5I4I7I5I5I5f'
+-- 64-byte allocation (format 3; `codec.unpack_entry` reads the same layout). Flags and
+-- `until` lead, so a lookup reads a committed entry without expiry from its first 8 bytes
+-- (`codec.entry_counts`). In a script, every time is in ms (a double: `until` keeps its
+-- microseconds).
+local ENTRY = '<BI7I6I4I5I5I4I5I5I5f'
 local U32 = 4294967295
 local EPOCH_MS = 1735689600000  -- 2025-01-01 UTC
 local TIME_MAX = EPOCH_MS + 1099511627775  -- what 5 bytes of ms hold
@@ -81,22 +83,29 @@ end
 
 local function unpack_entry(v)
   if not v then return nil end
-  local flags, page, depth, created, last, hits, until_, lease, freeat, size, retention, at =
+  local flags, until_, page, depth, created, last, hits, lease, freeat, size, retention, at =
     struct.unpack(ENTRY, v)
+  if until_ > 0 then until_ = from_epoch_us(until_) end
+  if lease > 0 then lease = lease + EPOCH_MS end
+  if freeat > 0 then freeat = freeat + EPOCH_MS end
   return {
     state = flags % 2, renew = flags >= 2, page = page, depth = depth,
-    created = from_epoch(created), last = from_epoch(last), hits = hits,
-    until_ = from_epoch_us(until_), lease = from_epoch(lease), freeat = from_epoch(freeat),
-    size = size, retention = retention, checksum = string.sub(v, at),
+    created = created + EPOCH_MS, last = last + EPOCH_MS, hits = hits, until_ = until_,
+    lease = lease, freeat = freeat, size = size, retention = retention,
+    checksum = string.sub(v, at),
   }
 end
 
 local function pack_entry(e)
   local flags = e.state
   if e.renew then flags = flags + 2 end
-  return struct.pack(ENTRY, flags, e.page, math.min(e.depth, U32), to_epoch(e.created),
-    to_epoch(e.last), math.min(e.hits, U32), to_epoch_us(e.until_), to_epoch(e.lease),
-    to_epoch(e.freeat), e.size, e.retention or 0) .. (e.checksum or '')
+  local until_, lease, freeat = 0, 0, 0
+  if e.until_ > 0 then until_ = to_epoch_us(e.until_) end
+  if e.lease > 0 then lease = to_epoch(e.lease) end
+  if e.freeat > 0 then freeat = to_epoch(e.freeat) end
+  return struct.pack(ENTRY, flags, until_, e.page, math.min(e.depth, U32), to_epoch(e.created),
+    to_epoch(e.last), math.min(e.hits, U32), lease, freeat, e.size, e.retention or 0)
+    .. (e.checksum or '')
 end
 
 -- Whether a committed entry has expired (its expiry passed): absent for lookups and
@@ -279,11 +288,13 @@ local function drop_key(ns, key, nranks)
   local freed = {}
   local had = 0
   local members = {}
+  local expiring = false  -- an entry has an expiry: the key is in `x:NS` too
   for r = 0, nranks - 1 do
     local ek = k_e(ns, r)
     local e = unpack_entry(redis.call('HGET', ek, key))
     if e and e.state == 1 then
       members[lru_member(key, e.depth)] = true
+      if e.until_ > 0 then expiring = true end
       redis.call('HDEL', ek, key)
       free_page(ns, r, e.page, math.max(NOW, e.lease / 1000))
       redis.call('HINCRBY', k_rf(ns, r), 'used', -1)
@@ -297,7 +308,7 @@ local function drop_key(ns, key, nranks)
     if nranks > 1 then redis.call('HDEL', k_c(ns), key) end
   end
   for m in pairs(members) do redis.call('ZREM', k_lru(ns), m) end
-  if had > 0 then for m in pairs(members) do redis.call('ZREM', k_x(ns), m) end end
+  if expiring then for m in pairs(members) do redis.call('ZREM', k_x(ns), m) end end
   return freed
 end
 
