@@ -56,6 +56,11 @@ class GroupWorkers:
             saves=[job for job in meta.saves if job.group == group],
         )
 
+    def step_began(self) -> None:
+        """An engine step began: every side's saves of the last step may start."""
+        for side in self.sides.values():
+            side.step_began()
+
     def start_load_kv(self, meta: Hf3fsctlConnectorMetadata) -> None:
         """Start each group's loads on its side."""
         if not self.hybrid:

@@ -22,7 +22,11 @@ Contract (storage, registration, `tier`, start-up failures and staging prewarm:
       so the bytes are copied while the request still owns its blocks. `Tier.save`
       (allocation, the writes, commit with checksums and — on any failure — release of
       what was allocated) runs on background threads; its storage failure pauses saves
-      (`storage_failed`), a clean save ends the degraded state (`storage_worked`).
+      (`storage_failed`), a clean save ends the degraded state (`storage_worked`). The
+      threads start a step's saves once the next engine step begins (`step_began`, from
+      the facade's `bind_connector_metadata`), or after `SAVE_GATE_S`: their Python work
+      then never competes for the GIL with the tail of the step that produced the first
+      tokens (docs/design.md "Fixed costs").
     * Loads: `start_load_kv` hands each asynchronous load job to a background thread:
       `Tier.load` into staging rows (locate with a lease → read with checksum
       verification → scatter into the KV cache, unless its timeout cancelled it) →
@@ -30,7 +34,8 @@ Contract (storage, registration, `tier`, start-up failures and staging prewarm:
       returned by `get_block_ids_with_load_errors` in the same step its request is
       reported. A synchronous job (`LoadJob.sync`) runs in `start_load_kv` itself, which
       vLLM calls before that step's forward; on a host KV cache its pages are read
-      straight into the blocks (`PagePieces`: no staging, no scatter). Its failed
+      straight into the blocks (`PagePieces`: no staging, no scatter), every request's
+      of the step in one `Tier.load` (one locate, one batch of reads). Its failed
       blocks are returned by `get_block_ids_with_load_errors` in the same step, and
       vLLM recomputes them.
     * Pages a load found corrupt are dropped from the store (`Tier.invalidate`): inline
@@ -97,6 +102,8 @@ LOAD_TIMEOUT_S = 60.0
 SYNC_STAGING_WAIT_S = 1.0
 # How long shutdown waits for in-flight saves.
 SHUTDOWN_DRAIN_S = 30.0
+# How long a save thread waits for the next engine step to begin before it starts anyway.
+SAVE_GATE_S = 0.05
 
 _LIVE_WORKERS: weakref.WeakSet[WorkerSide] = weakref.WeakSet()
 
@@ -115,6 +122,24 @@ def live_namespaces() -> set[str]:
     """The namespace ids of the worker sides alive in this process (none with vLLM's
     worker processes: their worker sides live there)."""
     return {worker.namespace for worker in list(_LIVE_WORKERS)}
+
+
+def _merged_host_loads(jobs: list[LoadJob]) -> list[LoadJob]:
+    """A step's synchronous loads as one job (one `Tier.load`) when their keys are
+    distinct and they fill one group; asynchronous ones stay per request (each is
+    reported in `finished_recving` on its own)."""
+    sync = [job for job in jobs if job.sync]
+    keys = [key for job in sync for key in job.keys]
+    if len(sync) < 2 or len(set(keys)) != len(keys) or len({job.group for job in sync}) > 1:
+        return jobs
+    merged = LoadJob(
+        ",".join(job.req_id for job in sync),
+        [block for job in sync for block in job.block_ids],
+        keys,
+        True,
+        sync[0].group,
+    )
+    return [merged, *(job for job in jobs if not job.sync)]
 
 
 def _tp_rank() -> int:
@@ -179,6 +204,9 @@ class WorkerSide(WorkerStorage):
         self._done_loads: dict[str, set[int]] = {}  # ended loads → failed block ids
         self._load_errors: set[int] = set()  # failed block ids not yet reported
         self._invalidating = 0  # background invalidate calls in flight
+        # Set when an engine step begins; save threads wait for it (`SAVE_GATE_S` at most).
+        self._step_gate = threading.Event()
+        self._step_gate.set()
         self.capture = config.connector.capture  # `hf3fsctl verify`: connector.capture
         self.writer: WriterInfo | None = None  # this engine's numerics, set by the facade
         self._writer_recorded = False  # recorded with the first committed page
@@ -249,8 +277,14 @@ class WorkerSide(WorkerStorage):
                 del self._outstanding[req_id]
             self._lock.notify_all()
 
+    def step_began(self) -> None:
+        """An engine step began: the previous step's saves may start."""
+        self._step_gate.set()
+
     def wait_for_save(self, meta: Hf3fsctlConnectorMetadata) -> None:
         """Gather this step's save blocks into staging now; write them in the background."""
+        if meta.saves:
+            self._step_gate.clear()
         for job in meta.saves:
             with self._lock:
                 self._save_reqs.add(job.req_id)
@@ -342,6 +376,7 @@ class WorkerSide(WorkerStorage):
         return done
 
     def _save_job(self, job: SaveJob, lease: StagingBuffer, ready: Any, started: float) -> None:
+        self._step_gate.wait(SAVE_GATE_S)
         try:
             if ready is not None:
                 ready.synchronize()
@@ -401,7 +436,9 @@ class WorkerSide(WorkerStorage):
 
     def start_load_kv(self, meta: Hf3fsctlConnectorMetadata) -> None:
         """Run this step's synchronous loads; start its asynchronous ones on threads."""
-        for job in meta.loads:
+        if not meta.loads:
+            return
+        for job in _merged_host_loads(meta.loads) if not self._cuda else meta.loads:
             run = LoadRun(job=job)
             if job.sync:
                 self._run_load(run)  # before this step's forward; errors reported this step
@@ -459,15 +496,8 @@ class WorkerSide(WorkerStorage):
 
     def scatter_ready(self, block_ids: list[int], src: torch.Tensor) -> None:
         """Scatter staged pages into the KV cache and wait until they are in place."""
-        if not self._cuda:
-            # One memcpy per (block, layer) range: ~6x faster on CPU than torch's
-            # index_copy_ over the strided blocks view (16 vs 100 ms for 124 MiB).
-            rows = src.numpy()
-            for row, pieces in zip(rows, page_pieces(self.segments, block_ids), strict=True):
-                page, position = memoryview(row), 0
-                for piece in pieces:
-                    piece[:] = page[position : position + len(piece)]
-                    position += len(piece)
+        if not self._cuda:  # one memcpy per (block, layer) range (hf3fsctl.staging)
+            scatter_blocks(self.segments, block_ids, src)
             return
         with torch.cuda.stream(self._load_stream):
             scatter_blocks(self.segments, block_ids, src)
@@ -542,6 +572,10 @@ class WorkerSide(WorkerStorage):
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
         """Requests whose saves ended (after vLLM finished them) and whose loads ended."""
+        if not (self._finished or self._loads or self._done_loads) and not (
+            finished_req_ids and self._save_reqs
+        ):
+            return None, None  # nothing can have ended (read unlocked: seen next step if not)
         self._expire_loads()
         with self._lock:
             self._finished.update(r for r in finished_req_ids if r in self._save_reqs)
@@ -556,6 +590,8 @@ class WorkerSide(WorkerStorage):
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         """Block ids of loads that failed, reported once."""
+        if not self._load_errors:
+            return set()
         with self._lock:
             errors, self._load_errors = self._load_errors, set()
         return errors
