@@ -75,6 +75,7 @@ SCRIPTS = (
     "unpin",
 )
 EVICTING = ("allocate", "evict")  # the scripts that decide evictions (`lua/eviction.lua`)
+STANDALONE = ("count_lookup",)  # every lookup runs it: no prelude, what it needs is in it
 _SCRIPT_ERRORS: dict[str, type[Hf3fsctlError]] = {
     "NOTFOUND": NotFound,
     "INVALID": InvalidRequest,
@@ -145,16 +146,15 @@ def redis_client(
 
 
 def load_scripts(client: Any) -> dict[str, Script]:
-    """Every store script, `common.lua` prepended (and `eviction.lua`, the eviction
-    decision, to the scripts that evict), registered for EVALSHA (redis-py loads a script
+    """Every store script, `common.lua` prepended (but to `STANDALONE` ones; and
+    `eviction.lua`, the eviction decision, to the scripts that evict), registered for EVALSHA (redis-py loads a script
     the server does not know yet, e.g. after a failover, on first use)."""
     folder = resources.files("hf3fsctl.meta.redis") / "lua"
     common = (folder / "common.lua").read_text()
     eviction = (folder / "eviction.lua").read_text()
     return {
         name: client.register_script(
-            common
-            + "\n"
+            (common + "\n" if name not in STANDALONE else "")
             + (eviction + "\n" if name in EVICTING else "")
             + (folder / f"{name}.lua").read_text()
         )
