@@ -13,6 +13,10 @@ Contract:
       existing, saved and dropped blocks and failures by kind, and returns the outcome
       (the worker turns its `storage_failure`/`storage_worked` into the back-off and the
       health state).
+    * `without_repeats(jobs, ended)`: a step's save jobs less the leading keys an earlier
+      job of the step saves (requests that share a prefix each plan it);
+      `merged_host_loads(jobs)`: a step's synchronous loads as one job when their keys
+      are distinct (one locate, one batch of reads).
     * `run_load(tier, run, into, stats, invalidate_with)`: `Tier.load` of the job's keys
       into `into`; returns the block ids that did not arrive intact and the kind their
       failure is counted under (a cancel counts as `timeout`). Corrupt pages invalidated
@@ -24,7 +28,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from hf3fsctl.meta.models import Location
 from hf3fsctl.storage.engine import Buffer
@@ -84,3 +88,49 @@ def run_load(
         stats.add(invalidated=outcome.invalidated)
     kind = outcome.failure_kind or "error"
     return {job.block_ids[i] for i in outcome.failed}, "timeout" if kind == CANCELLED else kind
+
+
+def without_repeats(jobs: list[SaveJob], ended: Callable[[str], None]) -> list[SaveJob]:
+    """A step's save jobs less the leading keys an earlier job of the step already saves
+    (requests sharing a prefix plan it each); a job left with nothing ends at once
+    (`ended`). Jobs that pin keep every key (the pin names what the store holds)."""
+    seen: set[str] = set()
+    kept: list[SaveJob] = []
+    for job in jobs:
+        skip = 0
+        if not job.pin:
+            while skip < len(job.keys) and job.keys[skip] in seen:
+                skip += 1
+        seen.update(job.keys)
+        if skip == len(job.keys):
+            ended(job.req_id)
+        elif skip:
+            kept.append(
+                replace(
+                    job,
+                    block_ids=job.block_ids[skip:],
+                    keys=job.keys[skip:],
+                    first_depth=job.first_depth + skip,
+                )
+            )
+        else:
+            kept.append(job)
+    return kept
+
+
+def merged_host_loads(jobs: list[LoadJob]) -> list[LoadJob]:
+    """A step's synchronous loads as one job (one `Tier.load`) when their keys are
+    distinct and they fill one group; asynchronous ones stay per request (each is
+    reported in `finished_recving` on its own)."""
+    sync = [job for job in jobs if job.sync]
+    keys = [key for job in sync for key in job.keys]
+    if len(sync) < 2 or len(set(keys)) != len(keys) or len({job.group for job in sync}) > 1:
+        return jobs
+    merged = LoadJob(
+        ",".join(job.req_id for job in sync),
+        [block for job in sync for block in job.block_ids],
+        keys,
+        True,
+        sync[0].group,
+    )
+    return [merged, *(job for job in jobs if not job.sync)]

@@ -17,9 +17,11 @@ Contract (storage, registration, `tier`, start-up failures and staging prewarm:
     * A save that hits ENOSPC/EIO fails alone (counted by kind, its pages released) and
       saves pause for `connector.storage_retry_s`; `ConnectorHealth` records the state
       for `doctor` and Prometheus.
-    * Saves: `wait_for_save` gathers each save job's blocks into staging *synchronously*
-      (on CUDA: on a side stream after an event, with the compute stream waiting for it),
-      so the bytes are copied while the request still owns its blocks. `Tier.save`
+    * Saves: `wait_for_save` gathers the step's save blocks into one staging lease
+      *synchronously*, in one gather (on CUDA: on a side stream after an event, with the
+      compute stream waiting for it), so the bytes are copied while the requests still
+      own their blocks; keys an earlier job of the step saves are left out
+      (`jobs.without_repeats`). One background task then saves the jobs in turn: `Tier.save`
       (allocation, the writes, commit with checksums and — on any failure — release of
       what was allocated) runs on background threads; its storage failure pauses saves
       (`storage_failed`), a clean save ends the degraded state (`storage_worked`). The
@@ -81,7 +83,7 @@ from hf3fsctl.staging import (
 from hf3fsctl.tier import LoadTarget, PagePieces, StagingRows, Tier
 
 from .geometry import KVCacheGeometry, kv_segments
-from .jobs import LoadRun, run_load, run_save, stored_keys
+from .jobs import LoadRun, merged_host_loads, run_load, run_save, stored_keys, without_repeats
 from .metadata import Hf3fsctlConnectorMetadata, LoadJob, SaveJob
 from .request_params import pin_saved
 from .service import MetadataGuard
@@ -122,24 +124,6 @@ def live_namespaces() -> set[str]:
     """The namespace ids of the worker sides alive in this process (none with vLLM's
     worker processes: their worker sides live there)."""
     return {worker.namespace for worker in list(_LIVE_WORKERS)}
-
-
-def _merged_host_loads(jobs: list[LoadJob]) -> list[LoadJob]:
-    """A step's synchronous loads as one job (one `Tier.load`) when their keys are
-    distinct and they fill one group; asynchronous ones stay per request (each is
-    reported in `finished_recving` on its own)."""
-    sync = [job for job in jobs if job.sync]
-    keys = [key for job in sync for key in job.keys]
-    if len(sync) < 2 or len(set(keys)) != len(keys) or len({job.group for job in sync}) > 1:
-        return jobs
-    merged = LoadJob(
-        ",".join(job.req_id for job in sync),
-        [block for job in sync for block in job.block_ids],
-        keys,
-        True,
-        sync[0].group,
-    )
-    return [merged, *(job for job in jobs if not job.sync)]
 
 
 def _tp_rank() -> int:
@@ -282,40 +266,49 @@ class WorkerSide(WorkerStorage):
         self._step_gate.set()
 
     def wait_for_save(self, meta: Hf3fsctlConnectorMetadata) -> None:
-        """Gather this step's save blocks into staging now; write them in the background."""
-        if meta.saves:
-            self._step_gate.clear()
+        """Gather this step's save blocks into one staging lease now (one gather); write
+        them in the background, job after job, as one task."""
+        if not meta.saves:
+            return
+        self._step_gate.clear()
+        jobs: list[SaveJob] = []
         for job in meta.saves:
             with self._lock:
                 self._save_reqs.add(job.req_id)
                 self._outstanding[job.req_id] = self._outstanding.get(job.req_id, 0) + 1
-            lease = None
-            try:
-                if self.capture:
-                    self._capture(job)
-                    self._save_ended(job.req_id)
-                    continue
-                if self.disabled is not None or self.saves_paused():
-                    self.stats.add(save_dropped=len(job.keys))
-                    self.stats.fail("disabled" if self.disabled else "paused", len(job.keys))
-                    self._save_ended(job.req_id)
-                    self._retry_in_background()
-                    continue
-                lease = self.pool.acquire(len(job.block_ids), self.manifest.page_bytes)
-                if lease is None:
-                    self.stats.add(save_dropped=len(job.keys))
-                    self.stats.fail("pool_exhausted", len(job.keys))
-                    self._save_ended(job.req_id)
-                    continue
-                started = time.monotonic()
-                ready = self._gather(job.block_ids, lease.tensor)
-                self._save_pool.submit(self._save_job, job, lease, ready, started)
-            except Exception:
-                logger.exception("save of request %s failed before its I/O", job.req_id)
-                self.stats.fail("error", len(job.keys))
-                if lease is not None:
-                    lease.release()
+            if self.capture:
+                self._capture(job)
                 self._save_ended(job.req_id)
+            elif self.disabled is not None or self.saves_paused():
+                self._drop(job, "disabled" if self.disabled else "paused")
+                self._retry_in_background()
+            else:
+                jobs.append(job)
+        jobs = without_repeats(jobs, self._save_ended)
+        if not jobs:
+            return
+        lease = None
+        try:
+            lease = self.pool.acquire(sum(len(j.block_ids) for j in jobs), self.manifest.page_bytes)
+            if lease is None:
+                for job in jobs:
+                    self._drop(job, "pool_exhausted")
+                return
+            started = time.monotonic()
+            ready = self._gather([b for job in jobs for b in job.block_ids], lease.tensor)
+            self._save_pool.submit(self._save_jobs, jobs, lease, ready, started)
+        except Exception:
+            logger.exception("saves of %d jobs failed before their I/O", len(jobs))
+            if lease is not None:
+                lease.release()
+            for job in jobs:
+                self.stats.fail("error", len(job.keys))
+                self._save_ended(job.req_id)
+
+    def _drop(self, job: SaveJob, kind: str) -> None:
+        self.stats.add(save_dropped=len(job.keys))
+        self.stats.fail(kind, len(job.keys))
+        self._save_ended(job.req_id)
 
     def saves_paused(self) -> bool:
         """True while saves wait out the back-off after a storage failure."""
@@ -375,18 +368,33 @@ class WorkerSide(WorkerStorage):
         compute.wait_event(done)  # the next step may not overwrite blocks before the copy
         return done
 
-    def _save_job(self, job: SaveJob, lease: StagingBuffer, ready: Any, started: float) -> None:
+    def _save_jobs(
+        self, jobs: list[SaveJob], lease: StagingBuffer, ready: Any, started: float
+    ) -> None:
+        """One step's save jobs, staged in `lease` in job order, one after another."""
         self._step_gate.wait(SAVE_GATE_S)
+        rows, first = lease.rows(), 0
         try:
             if ready is not None:
                 ready.synchronize()
+            for job in jobs:
+                count, first = len(job.keys), first + len(job.keys)
+                self._save_job(job, rows[first - count : first])
+        finally:
+            lease.release()
+            elapsed = time.monotonic() - started
+            self.stats.add(save_jobs=len(jobs), save_seconds=elapsed)
+            self.stats.observe("save_s", elapsed)
+
+    def _save_job(self, job: SaveJob, rows: list[Any]) -> None:
+        try:
             if not self.ensure_registered():
                 self.stats.add(save_dropped=len(job.keys))
                 self.stats.fail("metadata_down", len(job.keys))
                 return
             tier = self.tier  # after registration, which may reopen the page file
             assert tier is not None
-            outcome = run_save(tier, job, lease.rows(), self.stats)
+            outcome = run_save(tier, job, rows, self.stats)
             if job.pin and self.rank == 0:  # the request's kv_transfer_params pin
                 pin_saved(self.guard.call, self.namespace, stored_keys(job, outcome), job.pin_ttl_s)
             failure = outcome.storage_failure
@@ -399,10 +407,6 @@ class WorkerSide(WorkerStorage):
             logger.exception("save of request %s failed", job.req_id)
             self.stats.fail("error", len(job.keys))
         finally:
-            lease.release()
-            elapsed = time.monotonic() - started
-            self.stats.add(save_jobs=1, save_seconds=elapsed)
-            self.stats.observe("save_s", elapsed)
             self._save_ended(job.req_id)
 
     def _capture(self, job: SaveJob) -> None:
@@ -438,7 +442,7 @@ class WorkerSide(WorkerStorage):
         """Run this step's synchronous loads; start its asynchronous ones on threads."""
         if not meta.loads:
             return
-        for job in _merged_host_loads(meta.loads) if not self._cuda else meta.loads:
+        for job in merged_host_loads(meta.loads) if not self._cuda else meta.loads:
             run = LoadRun(job=job)
             if job.sync:
                 self._run_load(run)  # before this step's forward; errors reported this step
