@@ -29,6 +29,12 @@ of `--cpu-size` bytes in front) and the store as a secondary tier (`Hf3fsctlOffl
 from `hf3fsctl_connector.offload_tier`, docs/vllm.md "Offloading tier")::
 
     vllm serve MODEL --kv-transfer-config "$(hf3fsctl vllm-config --offloading --compact)"
+
+`--role producer|consumer|both` sets `kv_role` (`kv_producer` / `kv_consumer` /
+`kv_both`, the default): a producer (prefill instance) saves and never loads, a consumer
+(decode instance) loads and never saves (docs/operations.md "Roles")::
+
+    vllm serve MODEL --kv-transfer-config "$(hf3fsctl vllm-config --role consumer --compact)"
 """
 
 from __future__ import annotations
@@ -76,6 +82,23 @@ def check_store(cfg: Config) -> None:
         )
     with context.open_client(cfg, read_only=True) as client:
         client.health()
+
+
+ROLES = {"producer": "kv_producer", "consumer": "kv_consumer", "both": "kv_both"}
+
+
+def kv_role(role: str) -> str:
+    """vLLM's `kv_role` for `--role` (producer, consumer or both).
+
+    Raises:
+        ConfigError: another word, naming the three.
+    """
+    try:
+        return ROLES[role.strip().lower()]
+    except KeyError:
+        raise ConfigError(
+            f"--role {role!r} is not a role", hint=f"choose one of {', '.join(ROLES)}"
+        ) from None
 
 
 OFFLOAD_TIER_CLASS = "Hf3fsctlOffloadTier"
@@ -139,6 +162,15 @@ def vllm_config(
             "--cpu-size", help="With --offloading: bytes of vLLM's CPU DRAM primary tier."
         ),
     ] = "8GiB",
+    role: Annotated[
+        str,
+        typer.Option(
+            "--role",
+            metavar="producer|consumer|both",
+            help="The engine's kv_role: a producer (prefill) saves and never loads, a "
+            "consumer (decode) loads and never saves, both does both.",
+        ),
+    ] = "both",
 ) -> None:
     """Print the JSON for vLLM's --kv-transfer-config (one object on stdout)."""
     cfg = context.load(ctx, config)
@@ -149,11 +181,13 @@ def vllm_config(
         check_store(cfg)
     if offloading and serve_args:
         raise ConfigError("--offloading and --serve-args: choose one", hint="pass one of them")
+    role_name = kv_role(role)
     document = kv_transfer_config(cfg)
     if offloading:
         from hf3fsctl.config.units import parse_size
 
         document = offloading_config(cfg, parse_size(cpu_size, "--cpu-size"))
+    document["kv_role"] = role_name
     if serve_args:
         document = {k.replace("_", "-"): v for k, v in cfg.vllm.items()} | {
             "kv-transfer-config": document
