@@ -202,6 +202,9 @@ def test_cli_commands_the_zygote_cannot_take_run_fresh(
     ):
         assert not zygote_can_run(("warm", *tp), env), tp
     assert zygote_can_run(("warm", "-tp", "1"), env)
+    bench = ("bench", "e2e", "--quick")  # its engines: run_engine, the engine zygote's
+    assert not zygote_can_run(bench, cli_env(args=bench))
+    assert zygote.eligible(child_env(cli_env(args=bench)), child_env(), {})
     own_cli_zygote.stop()  # gone: the helper starts a fresh process
     done = run_hf3fsctl("--version", check=True)
     assert done.stdout.strip()

@@ -30,15 +30,21 @@ CLI_ZYGOTE_ENV = "CLI_ZYGOTE_SOCKET"  # the CLI zygote's socket path; unset = fr
 # that the vLLM the zygote imported is configured as the command would configure it
 # (`verify` sets the same stream; its level is then WARNING in both paths).
 VLLM_LOGGING = {"VLLM_LOGGING_LEVEL": "WARNING", "VLLM_LOGGING_STREAM": "ext://sys.stderr"}
+# Commands that run their engines through `runner.run_engine` (never vLLM in their own
+# process): their environment stays as given, so that the engine zygote, started with the
+# runner's, still takes those runs; the CLI zygote then does not take the command.
+ENGINE_RUN_COMMANDS = ("bench",)
 DEFAULT_TIMEOUT_S = 600.0
 
 
-def cli_env(env: dict[str, str] | None = None) -> dict[str, str]:
-    """The environment of a CLI run: `env` (default: this process's), vLLM logging to
-    stderr unless set, and no PYTHONHASHSEED (vLLM's block hashes must not depend on it)."""
+def cli_env(env: dict[str, str] | None = None, args: tuple[str, ...] = ()) -> dict[str, str]:
+    """The environment of `hf3fsctl ARGS`: `env` (default: this process's), vLLM logging to
+    stderr unless set (not for `ENGINE_RUN_COMMANDS`), and no PYTHONHASHSEED (vLLM's block
+    hashes must not depend on it)."""
     out = dict(os.environ if env is None else env)
-    for name, value in VLLM_LOGGING.items():
-        out.setdefault(name, value)
+    if not args or args[0] not in ENGINE_RUN_COMMANDS:
+        for name, value in VLLM_LOGGING.items():
+            out.setdefault(name, value)
     out.pop("PYTHONHASHSEED", None)
     return out
 
@@ -70,14 +76,14 @@ def run_hf3fsctl(
     timeout: float = DEFAULT_TIMEOUT_S,
     check: bool = False,
 ) -> subprocess.CompletedProcess[str]:
-    """`python -m hf3fsctl ARGS` with `cli_env(env)`, its output captured as text.
+    """`python -m hf3fsctl ARGS` with `cli_env(env, args)`, its output captured as text.
 
     Args:
         env: the whole environment (default: this process's), as `subprocess.run` takes it.
         timeout: seconds before the command is killed and `subprocess.TimeoutExpired` raised.
         check: assert a zero exit status (the message ends with the command's stderr).
     """
-    run_env = cli_env(env)
+    run_env = cli_env(env, args)
     command = [sys.executable, "-m", "hf3fsctl", *args]
     done = _run_forked(args, run_env, timeout) if zygote_can_run(args, run_env) else None
     if done is None:

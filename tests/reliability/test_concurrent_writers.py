@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import multiprocessing
 import sqlite3
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -23,14 +24,13 @@ from fault_scenario import (
     invariants,
     make_store,
     scrub,
-    spawn_engine,
 )
 from helpers.meta_builders import register
 from helpers.meta_workload import run_worker
 from helpers.servers import TOKEN, start_server
 
 from hf3fsctl.meta.sqlite.store import MetadataStore
-from hf3fsctl.vllm_tools.runner import EngineResult
+from hf3fsctl.vllm_tools.runner import EngineResult, run_engine
 
 ENGINES = 2
 
@@ -85,18 +85,16 @@ def two_engines(
     shared_store: Store,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> list[EngineResult]:
-    """`ENGINES` vLLM processes started together on the empty store, same prompts."""
+    """`ENGINES` vLLM processes started together on the empty store, same prompts (each a
+    fresh process: `run_engine` in a thread apiece, forked from the engine zygote when it
+    can; each is killed past its timeout)."""
     run = engine_run(fault_model, fault_prompts, shared_store.kv_config())
     work = tmp_path_factory.mktemp("two-writers-runs")
-    engines = [spawn_engine(run, work / f"engine-{i}") for i in range(ENGINES)]
-    try:
-        results = [engine.result() for engine in engines]
-        saved = [r.connector.get("blocks_saved") if r.connector else None for r in results]
-        (work / "saved.json").write_text(json.dumps(saved))
-        return results
-    finally:
-        for engine in engines:
-            engine.kill()
+    with ThreadPoolExecutor(ENGINES) as pool:
+        results = list(pool.map(run_engine, [run] * ENGINES))
+    saved = [r.connector.get("blocks_saved") if r.connector else None for r in results]
+    (work / "saved.json").write_text(json.dumps(saved))
+    return results
 
 
 @pytest.mark.e2e

@@ -17,11 +17,10 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -44,6 +43,7 @@ from fault_scenario import (
     swap_pages,
     truncate_file,
 )
+from helpers.cli_runner import run_hf3fsctl
 from helpers.meta_builders import PAGE_BYTES, keys, register_growable
 
 from hf3fsctl.meta.models import EvictRequest, Location
@@ -254,38 +254,39 @@ def warm_under_eviction(
     engine = ["--dtype", DTYPE, "--block-size", str(BLOCK), "--kv-cache-memory", "64MiB"]
     engine += ["--max-model-len", "4096"]
     command = ["warm", "--config", config, "--model", str(fault_model), "--prompts"]
-    warm = subprocess.Popen(
-        [sys.executable, "-m", "hf3fsctl", *command, str(prompts), *engine],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "TOKENIZERS_PARALLELISM": "false"},
-    )
     report = WarmUnderEviction(returncode=-1, stderr="")
     done = threading.Event()
     evictor = threading.Thread(target=_evict_until, args=(evicted_store, done, report))
-    evictor.start()
-    try:
-        deadline = time.monotonic() + RUN_TIMEOUT_S
-        # `hf3fsctl evict --all` back to back from warm's first commit until it exits.
-        while warm.poll() is None and time.monotonic() < deadline:
-            if not report.cli_calls and evicted_store.counts()["committed"] == 0:
-                time.sleep(POLL_S)
-                continue
-            done_cli = cli("evict", "--config", config, "--all", "-y", "--json")
-            if done_cli.returncode == 0:
-                report.cli_keys += int(json.loads(done_cli.stdout)["keys"])
-                report.cli_calls += 1
-            else:
-                report.errors.append(done_cli.stderr[-500:])
-        _, stderr = warm.communicate(timeout=max(1.0, deadline - time.monotonic()))
-    finally:
-        done.set()
-        evictor.join()
-        if warm.poll() is None:
-            warm.kill()
-            warm.wait()
-    report.returncode, report.stderr = warm.returncode, stderr[-3000:]
+    # The warm runs beside this thread's `evict` loop (a fresh process, from the CLI zygote
+    # when it can: `run_hf3fsctl` kills it past RUN_TIMEOUT_S).
+    with ThreadPoolExecutor(1) as pool:
+        warm = pool.submit(
+            run_hf3fsctl,
+            *command,
+            str(prompts),
+            *engine,
+            env={**os.environ, "TOKENIZERS_PARALLELISM": "false"},
+            timeout=RUN_TIMEOUT_S,
+        )
+        evictor.start()
+        try:
+            deadline = time.monotonic() + RUN_TIMEOUT_S
+            # `hf3fsctl evict --all` back to back from warm's first commit until it exits.
+            while not warm.done() and time.monotonic() < deadline:
+                if not report.cli_calls and evicted_store.counts()["committed"] == 0:
+                    time.sleep(POLL_S)
+                    continue
+                done_cli = cli("evict", "--config", config, "--all", "-y", "--json")
+                if done_cli.returncode == 0:
+                    report.cli_keys += int(json.loads(done_cli.stdout)["keys"])
+                    report.cli_calls += 1
+                else:
+                    report.errors.append(done_cli.stderr[-500:])
+            finished = warm.result()
+        finally:
+            done.set()
+            evictor.join()
+    report.returncode, report.stderr = finished.returncode, finished.stderr[-3000:]
     (evicted_store.directory / "evictions.json").write_text(json.dumps(report.__dict__))
     return report
 
