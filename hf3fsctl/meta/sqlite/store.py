@@ -75,6 +75,7 @@ from hf3fsctl.meta.sqlite.eviction import (
     invalidate_pages,
     reclaim_expired,
 )
+from hf3fsctl.meta.sqlite.lookup_cache import CommittedKeyCache
 
 logger = logging.getLogger(__name__)
 
@@ -141,6 +142,7 @@ class MetadataStore(SqliteDatabase, StoreCore):
             policy=policy,
         )
         self._num_ranks: dict[str, int] = {}  # immutable once registered
+        self._committed_keys = CommittedKeyCache()  # lookups' recent hits (issue 21)
         self._commits = 0
         self._open_database(
             busy_timeout_s=busy_timeout_s,
@@ -295,7 +297,14 @@ class MetadataStore(SqliteDatabase, StoreCore):
         with self._read() as conn:
             num_ranks = self._ranks_of(conn, namespace)
             hits = leading_hits(
-                conn, namespace, keys, num_ranks, time.time(), self._has_key_lru, self._has_expiry
+                conn,
+                namespace,
+                keys,
+                num_ranks,
+                time.time(),
+                self._has_key_lru,
+                self._has_expiry,
+                self._committed_keys,
             )
         self._count_lookup(namespace, len(keys), hits)
         return hits
