@@ -1,14 +1,15 @@
 """Run the hf3fsctl CLI as `python -m hf3fsctl ARGS` does, from the session's CLI zygote
 when it can: `run_hf3fsctl(*args)` returns the `subprocess.CompletedProcess` either way.
 
-`warm`, `verify`, `lookup` and `bench e2e` import vLLM in their own process (~6-12 s on
-2 cores, more under load), so the test session starts a CLI zygote (tests/conftest.py,
+`warm` and `verify` run vLLM in their own process (importing it costs ~6-12 s on 2
+cores, more under load), so the test session starts a CLI zygote (tests/conftest.py,
 `hf3fsctl.vllm_tools.zygote`) that imported vLLM once with the environment `cli_env()`
-gives every CLI run here, and forks a child per command: a fresh process to the store,
-with its own environment, working directory, stdin from /dev/null and exit status. A
-command it cannot take (another import-time environment, tensor parallel, a zygote that
+gives a CLI run here, and forks a child per command: a fresh process to the store, with
+its own environment, working directory, stdin from /dev/null and exit status. A command
+it cannot take (another import-time environment, tensor parallel, `bench`, a zygote that
 is gone) runs in `subprocess.run([sys.executable, "-m", "hf3fsctl", ...])` with the same
-environment, so the two paths differ only in start-up time.
+environment, so the two paths differ only in start-up time. (`bench e2e` runs its
+engines through `run_engine`, which the session's engine zygote forks.)
 
 Tests that need a separate process on purpose (signals, `Popen`, start-up time, what a
 fresh interpreter imports) start it themselves.
