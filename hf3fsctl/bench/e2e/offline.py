@@ -12,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from hf3fsctl.bench.e2e.admission import run_admission
 from hf3fsctl.bench.e2e.engines import drop_page_cache, make_store, short_error
 from hf3fsctl.bench.e2e.samples import Samples, percentile
 from hf3fsctl.bench.e2e.settings import (
@@ -40,6 +41,8 @@ class OfflineRuns:
         self.skipped: dict[str, str] = {}
         self.notes: list[str] = []
         self.engine_info: dict[str, Any] = {}
+        # `--admission`: what each admission run's store held after it (`admission.py`).
+        self.admission_stores: dict[str, dict[str, int] | None] = {}
 
     def names(self) -> list[str]:
         names = ["none", "floor", "cold", "warm"]
@@ -53,7 +56,7 @@ class OfflineRuns:
             names += ["none-mp", "floor-mp", "lmcache-cold", "lmcache-warm"]
         return names
 
-    def _engine(
+    def engine(
         self,
         names: list[str],
         model: str,
@@ -126,7 +129,7 @@ class OfflineRuns:
         prompts = prefix_repetition_prompts(s.workload, seed=s.seed + repeat, vocab=vocab)
         tag = f"repeat {repeat + 1}/{s.repeats}: " if s.repeats > 1 else ""
         self.log(f"{tag}{len(prompts)} prompts of {s.workload.prompt_tokens} tokens")
-        base = self._engine(["none", "floor"], model, prompts, None)
+        base = self.engine(["none", "floor"], model, prompts, None)
         if base is None and "none" in self.failures:
             raise Hf3fsctlError(
                 f"the no-connector run failed, so nothing can be compared:\n{self.failures['none']}"
@@ -134,23 +137,25 @@ class OfflineRuns:
         store_dir = scratch / f"ours-{repeat}"
         store = make_store(store_dir)
         kv = store["kv_transfer_config"]
-        self._engine(["cold"], model, prompts, kv)
-        self._engine(["warm"], model, prompts, kv)
+        self.engine(["cold"], model, prompts, kv)
+        self.engine(["warm"], model, prompts, kv)
         if "warm-dropped" in names:
             dropped = drop_page_cache(Path(store["storage_path"]))
             self.log(f"dropped {dropped / MIB:.0f} MiB of the store from the page cache")
-            self._engine(["warm-dropped"], model, prompts, kv)
+            self.engine(["warm-dropped"], model, prompts, kv)
         if "warm-async" in names:
             extra = {**kv["kv_connector_extra_config"], **ASYNC_LOAD}
-            self._engine(["warm-async"], model, prompts, {**kv, "kv_connector_extra_config": extra})
+            self.engine(["warm-async"], model, prompts, {**kv, "kv_connector_extra_config": extra})
         if "example-cold" in names:
             from hf3fsctl.vllm_tools.runner import example_kv_config
 
             example = example_kv_config(scratch / f"example-{repeat}")
-            self._engine(["example-cold"], model, prompts, example)
-            self._engine(["example-warm"], model, prompts, example)
+            self.engine(["example-cold"], model, prompts, example)
+            self.engine(["example-warm"], model, prompts, example)
         if "lmcache-cold" in names:
             self._lmcache(repeat, model, prompts, scratch)
+        if s.admission:
+            run_admission(self, repeat, model, vocab, scratch)
 
     def _lmcache(self, repeat: int, model: str, prompts: list[list[int]], scratch: Path) -> None:
         group = ["none-mp", "floor-mp", "lmcache-cold", "lmcache-warm"]
@@ -164,7 +169,7 @@ class OfflineRuns:
                     "docs/vllm.md says and put that directory on PYTHONPATH)"
                 )
             return
-        self._engine(["none-mp", "floor-mp"], model, prompts, None, multiprocess=True)
+        self.engine(["none-mp", "floor-mp"], model, prompts, None, multiprocess=True)
         server = LMCacheServer(
             scratch / f"lmcache-{repeat}",
             chunk_size=max(256, self.s.block_size),
@@ -179,7 +184,7 @@ class OfflineRuns:
                 self.log(f"lmcache: server did not start\n{exc}")
                 return
             kv = server.kv_config()
-            self._engine(["lmcache-cold"], model, prompts, kv, multiprocess=True)
-            self._engine(["lmcache-warm"], model, prompts, kv, multiprocess=True)
+            self.engine(["lmcache-cold"], model, prompts, kv, multiprocess=True)
+            self.engine(["lmcache-warm"], model, prompts, kv, multiprocess=True)
         finally:
             server.stop()

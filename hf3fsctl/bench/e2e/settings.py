@@ -106,6 +106,7 @@ class E2ESettings:
     peers: tuple[str, ...] = ()
     drop_page_cache: bool = False  # also run `warm-dropped`
     warm_async: bool = False  # also run `warm-async`
+    admission: int = 0  # also compare store_after_hits N with storing all (`admission.py`)
     repeats: int = 1  # the whole set again on new prompts and new stores; samples pooled
     sequential: bool = False  # one request at a time (else one batch per pass)
     seed: int = 0
@@ -167,6 +168,11 @@ def validate(settings: E2ESettings) -> None:
         )
     if settings.repeats < 1:
         raise InvalidRequest("--repeats must be at least 1")
+    if settings.admission < 0 or settings.admission == 1:
+        raise InvalidRequest(
+            f"--admission {settings.admission}: must be 0 (not run) or at least 2",
+            hint="store_after_hits 1 stores every block, as 0 does: compare with 2 or more",
+        )
     if settings.timeout_s <= 0:
         raise InvalidRequest("--timeout must be positive")
     unknown = sorted(set(settings.peers) - set(PEERS))
@@ -177,6 +183,7 @@ def validate(settings: E2ESettings) -> None:
         "--warm-dropped": settings.drop_page_cache,
         "--warm-async": settings.warm_async,
         "--repeats": settings.repeats > 1,
+        "--admission": settings.admission > 0,
     }
     given = [flag for flag, used in offline_only.items() if used]
     if settings.url and given:
