@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from hf3fsctl.bench import report
+from hf3fsctl.bench.e2e.admission import admission_document
 from hf3fsctl.bench.e2e.document import build_document
 from hf3fsctl.bench.e2e.engines import (
     auto_kv_cache_bytes,
@@ -78,6 +79,8 @@ def run(settings: E2ESettings, progress: report.Progress | None = None) -> dict[
         configurations[name] = entry
     document = build_document(settings, configurations, runner.notes, runner.engine_info)
     document["engine"]["mode"] = "in-process (lmcache runs: multiprocess)"
+    if settings.admission:  # its own workload and section (`admission.py`)
+        document["admission"] = admission_document(settings, runner)
     document["seconds"] = time.monotonic() - started
     # Other work on the machine skews every figure: say how busy it was.
     document["machine"]["load_average_1min"] = {"start": load_before, "end": os.getloadavg()[0]}
