@@ -168,6 +168,16 @@ def e2e(
             rich_help_panel=_R,
         ),
     ] = False,
+    admission: Annotated[
+        int,
+        typer.Option(
+            "--admission",
+            metavar="N",
+            help="Also compare connector.store_after_hits N with storing all, on two waves "
+            "of repeated and one-off prompts: hit rate and bytes written (0: not run).",
+            rich_help_panel=_R,
+        ),
+    ] = 0,
     repeats: Annotated[
         int,
         typer.Option(
@@ -262,6 +272,7 @@ def e2e(
         peers=tuple(dict.fromkeys(p.strip().lower() for p in peer or [])),
         drop_page_cache=drop_page_cache,
         warm_async=warm_async,
+        admission=admission,
         repeats=repeats,
         sequential=sequential,
         seed=seed,
@@ -384,6 +395,10 @@ def render(document: dict[str, Any]) -> RenderableType:
         shown = "n/a" if value is None else ("met" if value else "NOT met")
         ratios.add_row(f"goal {key}", shown)
     out.append(ratios)
+    if "admission" in document:
+        from hf3fsctl.cli.bench_e2e_admission import render_admission
+
+        out.append(render_admission(document["admission"]))
     for note in document.get("notes", []):
         out.append(Text(f"note: {note}", style="dim"))
     machine = document.get("machine", {})

@@ -127,3 +127,26 @@ def test_admission_refuses_what_stores_everything_or_nothing(after_hits: int) ->
 def test_admission_is_offline_only() -> None:
     with pytest.raises(InvalidRequest, match="--admission"):
         validate(E2ESettings(admission=2, url="http://127.0.0.1:8000"))
+
+
+def test_the_table_shows_both_settings_and_a_failed_wave() -> None:
+    from rich.console import Console
+
+    from hf3fsctl.cli.bench_e2e_admission import render_admission
+
+    runner = runner_with(
+        {
+            reference_name(1): samples(0, 0),
+            reference_name(2): samples(0, 0),
+            run_name(0, "cold"): samples(0, 40),
+            run_name(0, "warm"): samples(120, 30),
+            run_name(2, "cold"): samples(0, 10),
+        }
+    )
+    runner.failures[run_name(2, "warm")] = "Traceback ...\nRuntimeError: engine crashed"
+    console = Console(width=250, record=True)
+    console.print(render_admission(admission_document(runner.s, runner)))
+    text = console.export_text()
+    assert "0 (store all)" in text and "2 (store when seen 2 times)" in text
+    assert "failed: RuntimeError: engine crashed" in text
+    assert "bytes_written_over_store_all" in text
