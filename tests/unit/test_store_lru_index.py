@@ -45,8 +45,8 @@ def test_victim_queries_walk_the_age_index_without_a_sort(tmp_path: Path) -> Non
     conn = sqlite3.connect(tmp_path / "m.db")
     args = {"ns": "n", "now": 0.0, "limit": 4, "rank": 0, "offset": 0}
     for sql in (eviction.VICTIMS_OF_NAMESPACE, eviction.FILE_VICTIMS):
-        plan = _plan(conn, sql, args)
-        assert "INDEX key_lru_by_age (namespace=?)" in plan, plan
+        plan = _plan(conn, sql, args)  # the unpinned keys' order: pinned ones never walked
+        assert "INDEX key_lru_unpinned (namespace=?)" in plan, plan
         assert "TEMP B-TREE" not in plan, plan
         assert "SCAN e" not in plan and "SCAN entries" not in plan, plan
     for sql in (eviction.EXPIRED_OF_NAMESPACE, eviction.FILE_EXPIRED):  # issue 22
@@ -73,11 +73,12 @@ def test_admin_victims_walk_the_age_index_from_the_last_batch_without_a_sort(
         "after_key": "",
         "limit": 4,
     }
-    for pins in ("", eviction._ADMIN_NOT_PINNED):
-        plan = _plan(conn, eviction.ADMIN_VICTIMS.format(pins=pins), args)
-        assert "INDEX key_lru_by_age (namespace=? AND last_access>? AND last_access<?)" in plan, (
-            plan
-        )
+    for index, pins in (
+        ("key_lru_by_age", ""),
+        ("key_lru_unpinned", eviction._ADMIN_NOT_PINNED),
+    ):
+        plan = _plan(conn, eviction.ADMIN_VICTIMS.format(index=index, pins=pins), args)
+        assert f"INDEX {index} (namespace=? AND last_access>? AND last_access<?)" in plan, plan
         assert "TEMP B-TREE" not in plan, plan
         assert "SCAN" not in plan, plan
     conn.close()

@@ -29,6 +29,8 @@ BEGIN;
 DROP TRIGGER key_lru_on_expiry; DROP TRIGGER key_lru_expiry_on_delete;
 DROP TRIGGER admission_on_insert; DROP TRIGGER admission_on_delete;
 DROP INDEX key_lru_by_expiry; DROP TABLE admission; DROP TABLE admission_size;
+DROP TRIGGER key_lru_on_pin; DROP TRIGGER key_lru_on_unpin; DROP TRIGGER key_lru_pinned_on_insert;
+DROP INDEX key_lru_unpinned; DROP INDEX pins_by_expiry; ALTER TABLE key_lru DROP COLUMN pinned;
 ALTER TABLE entries DROP COLUMN expires_at; ALTER TABLE entries DROP COLUMN renew_s;
 ALTER TABLE key_lru DROP COLUMN expires_at; ALTER TABLE namespaces DROP COLUMN admission_skipped;
 COMMIT;
@@ -54,12 +56,13 @@ def commit_expiring(store: MetadataStore, ns: str, chain: list[str], retention_s
 
 
 def older_store(tmp_path: Path) -> tuple[Path, str, list[str]]:
-    """A store with 4 committed keys, as written before issue 22."""
+    """A store with 4 committed keys (one pinned), as written before issue 22."""
     db = tmp_path / "m.db"
     store = MetadataStore(db)
     ns = register(store)
     chain = keys(4)
     store_keys(store, ns, chain)
+    store.pin(ns, chain[:1])  # its pinned flag is filled in on the writable open
     store.close()
     conn = sqlite3.connect(db, isolation_level=None)
     conn.executescript(_ISSUE_22_SQL)

@@ -137,8 +137,8 @@ _EVICTABLE = (
 # The oldest evictable keys of one namespace: `key_lru_by_age` walked in order, stopping
 # after :limit (no sort, no scan of the rest).
 VICTIMS_OF_NAMESPACE = (
-    "SELECT l.last_access, -l.depth, l.namespace, l.key FROM key_lru l INDEXED BY key_lru_by_age"
-    f" WHERE l.namespace = :ns AND {_EVICTABLE}"
+    "SELECT l.last_access, -l.depth, l.namespace, l.key FROM key_lru l"
+    f" INDEXED BY key_lru_unpinned WHERE l.namespace = :ns AND l.pinned = 0 AND {_EVICTABLE}"
     " ORDER BY l.last_access ASC, l.depth DESC LIMIT :limit"
 )
 # The expired evictable keys of one namespace (issue 22), soonest expired first:
@@ -146,7 +146,7 @@ VICTIMS_OF_NAMESPACE = (
 EXPIRED_OF_NAMESPACE = (
     "SELECT l.expires_at, -l.depth, l.namespace, l.key FROM key_lru l"
     " INDEXED BY key_lru_by_expiry WHERE l.namespace = :ns AND l.expires_at IS NOT NULL"
-    f" AND l.expires_at <= :now AND {_EVICTABLE}"
+    f" AND l.expires_at <= :now AND l.pinned = 0 AND {_EVICTABLE}"
     " ORDER BY l.expires_at ASC LIMIT :limit"
 )
 
@@ -169,6 +169,12 @@ def _merged_walks(
     for walk in walks:
         walk.close()  # the walks not read to their end
     return found
+
+
+def drop_expired_pins(conn: sqlite3.Connection, now: float) -> None:
+    """Drop pins past their TTL (`pins_by_expiry`): their keys rejoin `key_lru_unpinned`,
+    the LRU order eviction walks."""
+    conn.execute("DELETE FROM pins WHERE expires != 0 AND expires <= ?", (now,))
 
 
 def choose_victims(
@@ -230,6 +236,7 @@ def evict_lru(
     freed: dict[str, dict[tuple[str, int], int]] = defaultdict(lambda: defaultdict(int))
     by_namespace: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
     evicted = 0
+    drop_expired_pins(conn, now)
     while not satisfied():
         candidates = choose_victims(conn, now, scope, batch)
         if not candidates:
@@ -250,7 +257,8 @@ def evict_lru(
 
 # The oldest keys of a namespace committed on :rank and not leased there, not pinned.
 FILE_VICTIMS = (
-    "SELECT l.key FROM key_lru l INDEXED BY key_lru_by_age WHERE l.namespace = :ns"
+    "SELECT l.key FROM key_lru l INDEXED BY key_lru_unpinned WHERE l.namespace = :ns"
+    " AND l.pinned = 0"
     " AND EXISTS (SELECT 1 FROM entries e INDEXED BY entries_by_key"
     " WHERE e.namespace = l.namespace AND e.key = l.key AND e.rank = :rank"
     " AND e.state = 1 AND e.lease_until <= :now)"
@@ -263,7 +271,7 @@ FILE_VICTIMS = (
 # … and the expired ones first (issue 22): `key_lru_by_expiry` walked up to :now.
 FILE_EXPIRED = (
     "SELECT l.key FROM key_lru l INDEXED BY key_lru_by_expiry WHERE l.namespace = :ns"
-    " AND l.expires_at IS NOT NULL AND l.expires_at <= :now"
+    " AND l.expires_at IS NOT NULL AND l.expires_at <= :now AND l.pinned = 0"
     " AND EXISTS (SELECT 1 FROM entries e INDEXED BY entries_by_key"
     " WHERE e.namespace = l.namespace AND e.key = l.key AND e.rank = :rank"
     " AND e.state = 1 AND e.lease_until <= :now)"
@@ -304,6 +312,7 @@ def evict_for_allocation(
         "SELECT num_ranks FROM namespaces WHERE id = ?", (namespace,)
     ).fetchone()[0]
     evicted = 0
+    drop_expired_pins(conn, now)
     for expired, reason in ((True, "expired"), (False, "file_full")):
         freed: dict[tuple[str, int], int] = defaultdict(int)
         dropped = 0
@@ -371,7 +380,7 @@ def invalidate_pages(
 # Leased keys may go (their pages wait for the lease); pinned ones only when asked.
 _ADMIN_BATCH = 1024
 ADMIN_VICTIMS = (
-    "SELECT l.last_access, -l.depth, l.namespace, l.key FROM key_lru l INDEXED BY key_lru_by_age"
+    "SELECT l.last_access, -l.depth, l.namespace, l.key FROM key_lru l INDEXED BY {index}"
     " WHERE l.namespace = :ns AND l.last_access >= :after_access AND l.last_access < :before"
     " AND (l.last_access > :after_access OR l.depth < :after_depth"
     " OR (l.depth = :after_depth AND l.key > :after_key))"
@@ -380,7 +389,7 @@ ADMIN_VICTIMS = (
     " ORDER BY l.last_access ASC, l.depth DESC, l.key ASC LIMIT :limit"
 )
 _ADMIN_NOT_PINNED = (
-    " AND NOT EXISTS (SELECT 1 FROM pins p WHERE p.namespace = l.namespace AND p.key = l.key"
+    " AND l.pinned = 0 AND NOT EXISTS (SELECT 1 FROM pins p WHERE p.namespace = l.namespace AND p.key = l.key"
     " AND (p.expires = 0 OR p.expires > :now))"
 )
 
@@ -419,7 +428,12 @@ def choose_admin_victims(
     first among equally old keys, lazily: each namespace's `key_lru_by_age` walk in
     batches, merged, so `evict_entries` reads only as far as the request's target
     (O(k log n) for k keys evicted). Redis: `redis/lua/evict.lua`."""
-    query = ADMIN_VICTIMS.format(pins="" if request.include_pinned else _ADMIN_NOT_PINNED)
+    drop_expired_pins(conn, now)
+    query = (
+        ADMIN_VICTIMS.format(index="key_lru_by_age", pins="")
+        if request.include_pinned
+        else ADMIN_VICTIMS.format(index="key_lru_unpinned", pins=_ADMIN_NOT_PINNED)
+    )
     before = float("inf") if request.older_than_s is None else now - request.older_than_s
     if request.namespace:
         names = [request.namespace]

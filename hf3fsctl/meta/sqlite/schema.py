@@ -184,6 +184,7 @@ CREATE TABLE IF NOT EXISTS key_lru (
     depth INTEGER NOT NULL,
     committed INTEGER NOT NULL,
     expires_at REAL,
+    pinned INTEGER NOT NULL DEFAULT 0,
     PRIMARY KEY (namespace, key)
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS key_lru_by_age ON key_lru (namespace, last_access, depth DESC);
@@ -247,6 +248,7 @@ OPEN_COLUMNS = [
     ("entries", "renew_s", "REAL"),  # the retention a locate renews by (renew_on_read)
     ("key_lru", "expires_at", "REAL"),  # the earliest expiry of the key's committed entries
     ("namespaces", "admission_skipped", "INTEGER NOT NULL DEFAULT 0"),
+    ("key_lru", "pinned", "INTEGER NOT NULL DEFAULT 0"),  # a pins row exists (issue 21)
 ]
 # Expiry and admission (issue 22), created once `OPEN_COLUMNS` exist:
 # - `key_lru.expires_at` is the earliest `expires_at` of the key's committed entries
@@ -257,6 +259,12 @@ OPEN_COLUMNS = [
 #   was last seen; `admission_by_age` finds the least recently seen to drop past the bound
 #   (`meta/sqlite/admission.py`), `admission_size` counts the rows (triggers) so the bound
 #   is checked without a scan.
+# - `key_lru.pinned` (issue 21): 1 while a `pins` row names the key (kept by triggers on
+#   `pins` and on new `key_lru` rows), and `key_lru_unpinned`, the LRU order of the keys
+#   without one: LRU eviction walks it, so pinned keys at the head of the LRU order are
+#   not walked again by every eviction swing (O(k log n) however many are pinned). A
+#   pin past its TTL keeps its row until eviction drops expired pins first
+#   (`pins_by_expiry`; `eviction.drop_expired_pins`).
 EXPIRY_DDL = """
 CREATE INDEX IF NOT EXISTS key_lru_by_expiry ON key_lru (namespace, expires_at)
     WHERE expires_at IS NOT NULL;
@@ -275,6 +283,22 @@ BEGIN
         SELECT MIN(e.expires_at) FROM entries e INDEXED BY entries_by_key
         WHERE e.namespace = old.namespace AND e.key = old.key AND e.state = 1)
     WHERE namespace = old.namespace AND key = old.key;
+END;
+CREATE INDEX IF NOT EXISTS key_lru_unpinned ON key_lru (namespace, last_access, depth DESC)
+    WHERE pinned = 0;
+CREATE INDEX IF NOT EXISTS pins_by_expiry ON pins (expires) WHERE expires != 0;
+CREATE TRIGGER IF NOT EXISTS key_lru_on_pin AFTER INSERT ON pins
+BEGIN
+    UPDATE key_lru SET pinned = 1 WHERE namespace = new.namespace AND key = new.key;
+END;
+CREATE TRIGGER IF NOT EXISTS key_lru_on_unpin AFTER DELETE ON pins
+BEGIN
+    UPDATE key_lru SET pinned = 0 WHERE namespace = old.namespace AND key = old.key;
+END;
+CREATE TRIGGER IF NOT EXISTS key_lru_pinned_on_insert AFTER INSERT ON key_lru
+WHEN EXISTS (SELECT 1 FROM pins p WHERE p.namespace = new.namespace AND p.key = new.key)
+BEGIN
+    UPDATE key_lru SET pinned = 1 WHERE namespace = new.namespace AND key = new.key;
 END;
 CREATE TABLE IF NOT EXISTS admission (
     namespace TEXT NOT NULL,
@@ -307,9 +331,16 @@ def has_column(conn: sqlite3.Connection, table: str, column: str) -> bool:
 
 def add_open_columns(conn: sqlite3.Connection) -> None:
     """Add `OPEN_COLUMNS` a store lacks, then `EXPIRY_DDL` (inside a write transaction)."""
+    added = set()
     for table, column, declaration in OPEN_COLUMNS:
         if not has_column(conn, table, column):
             conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} {declaration}")
+            added.add((table, column))
+    if ("key_lru", "pinned") in added:  # the keys pinned already
+        conn.execute(
+            "UPDATE key_lru SET pinned = 1 WHERE EXISTS (SELECT 1 FROM pins p"
+            " WHERE p.namespace = key_lru.namespace AND p.key = key_lru.key)"
+        )
     for statement in _statements(EXPIRY_DDL):
         conn.execute(statement)
 
@@ -456,6 +487,15 @@ INVARIANT_QUERIES: list[tuple[str, str]] = [
                          AND e.state = 1) AS earliest
                FROM key_lru l)
            WHERE expires_at IS NOT earliest""",
+    ),
+    (
+        "key_lru row {}/{} says pinned={} but a pin row exists={}",
+        """SELECT namespace, key, pinned, held FROM (
+               SELECT l.namespace, l.key, l.pinned,
+                      EXISTS (SELECT 1 FROM pins p WHERE p.namespace = l.namespace
+                              AND p.key = l.key) AS held
+               FROM key_lru l)
+           WHERE pinned != held""",
     ),
     (
         "admission_size counts {} tracked keys but admission holds {}",

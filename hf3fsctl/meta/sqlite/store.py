@@ -649,7 +649,9 @@ class MetadataStore(SqliteDatabase, StoreCore):
             for template, query in schema.INVARIANT_QUERIES:
                 if not lru and schema.KEY_LRU_TABLE in query:
                     continue
-                if not self._has_expiry and ("expires_at" in query or "admission" in query):
+                if not self._has_expiry and any(
+                    column in query for column in ("expires_at", "admission", "l.pinned")
+                ):
                     continue
                 problems.extend(template.format(*row) for row in conn.execute(query))
         return problems
