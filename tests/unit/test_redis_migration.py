@@ -173,3 +173,50 @@ def test_the_store_records_its_format_and_refuses_a_newer_one(redis_url: str, ra
     finally:
         raw.hset(f"{P}info", "format", 3)
         store.close()
+
+
+@pytest.mark.parametrize("ranks", [1, 2], ids=["one-rank", "two-ranks"])
+def test_format_3_stores_each_key_as_its_bytes(redis_url: str, raw: Any, ranks: int) -> None:
+    """32 bytes per 64-digit key in the entries and the LRU index; `c:NS` only with two
+    or more ranks, where it carries the earliest expiry the lookup reads."""
+    from hf3fsctl.meta.models import CommitItem
+
+    ns = _register(redis_url, ranks)
+    store = _open(redis_url)
+    try:
+        for rank in range(ranks):
+            granted = store.allocate(ns, rank, CHAIN).allocated
+            store.commit(
+                ns,
+                rank,
+                [
+                    CommitItem(
+                        key=a.key,
+                        page=a.page,
+                        checksum=CHECKSUM,
+                        size=PAGE,
+                        retention_s=3600.0 + rank,
+                    )
+                    for a in granted
+                ],
+            )
+        binary = redis.Redis.from_url(redis_url)
+        try:
+            fields = binary.hkeys(f"{P}e:{ns}:0")
+            assert sorted(fields) == sorted(bytes.fromhex(k) for k in CHAIN)
+            assert {len(v) for v in binary.hvals(f"{P}e:{ns}:0")} == {60}
+            assert {len(m) for m in binary.zrange(f"{P}lru:{ns}", 0, -1)} == {34}
+            counts = binary.hgetall(f"{P}c:{ns}")
+        finally:
+            binary.close()
+        if ranks == 1:
+            assert counts == {}
+        else:  # the ranks committed, then the earliest expiry (rank 0's) in ms
+            count, expiry = counts[bytes.fromhex(CHAIN[0])].split()
+            assert int(count) == 2
+            rows = [e for e in store.list_entries(ns) if e.key == CHAIN[0] and e.rank == 0]
+            assert rows[0].expires_at == pytest.approx(float(expiry) / 1000, abs=1e-6)
+        assert store.lookup(ns, CHAIN) == 4
+        assert store.check_invariants() == []
+    finally:
+        store.close()

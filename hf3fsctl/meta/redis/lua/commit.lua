@@ -43,7 +43,7 @@ for n, key in ipairs(keys) do
       local c, x = 0, nil
       if v then
         c = tonumber(string.match(v, '^%d+'))
-        x = tonumber(string.match(v, ' (%d+)$'))
+        x = tonumber(string.match(v, ' (%S+)$'))
       end
       c = c + 1
       expiry = x
