@@ -120,6 +120,9 @@ class SchedulerSide:
         self.guard = guard
         self.stats = stats
         self._requests: dict[str, RequestState] = {}
+        # Per-step loops visit only requests with work (docs/design.md "Fixed costs"):
+        self._saved_all: set[str] = set()  # requests with nothing left to plan a save for
+        self._syncing: set[str] = set()  # requests whose synchronous load is unsettled
         self._pending_loads: list[LoadJob] = []
         self._pool = ThreadPoolExecutor(LOOKUP_THREADS, thread_name_prefix="hf3fsctl-lookup")
         # vLLM takes no block-level load errors from a model with several KV cache
@@ -370,6 +373,8 @@ class SchedulerSide:
         state.load_first = first
         state.load_block_ids = [b for job in jobs for b in job.block_ids]
         state.load_failed_at, state.load_sync = None, self._sync
+        if self._sync:
+            self._syncing.add(request.request_id)
         self.stats.add(hit_blocks=count, hit_tokens=count * self.block_size)
         state.stored_upto = max(state.stored_upto, hit)
 
@@ -421,16 +426,22 @@ class SchedulerSide:
     def _plan_saves(self, output: SchedulerOutput) -> list[SaveJob]:
         saves: list[SaveJob] = []
         saving = self.guard.available() or self.config.connector.capture  # (kept in memory)
+        decode = self.config.connector.save_decode_blocks
         for req_id, scheduled in output.num_scheduled_tokens.items():
+            if req_id in self._saved_all:
+                continue
             state = self._requests.get(req_id)
             if state is None or state.hit_blocks is None or not state.saves:
                 continue
             request = state.request
             full = self._save_limit(request, request.num_computed_tokens + scheduled)
+            cap = request.num_prompt_tokens // self.block_size
             if state.admitted_upto is not None:  # connector.store_after_hits
-                full = min(full, state.admitted_upto)
+                full, cap = min(full, state.admitted_upto), min(cap, state.admitted_upto)
             start = state.stored_upto
             if full <= start:
+                if not decode and start >= cap:  # every prompt block planned: never again
+                    self._saved_all.add(req_id)
                 continue
             state.stored_upto = full
             if not saving:
@@ -469,6 +480,7 @@ class SchedulerSide:
         self._step_wait_left = self.config.connector.lookup_wait_ms / 1000.0  # a new step
         for req_id in output.finished_req_ids:
             self._requests.pop(req_id, None)
+            self._saved_all.discard(req_id)
         return meta
 
     def update_connector_output(self, output: KVConnectorOutput) -> None:
@@ -487,7 +499,7 @@ class SchedulerSide:
                         break
         # A synchronous load ended in the step that reported it: it is never in
         # finished_recving, so settle it here.
-        synced = [s.request.request_id for s in self._requests.values() if s.load_sync]
+        synced, self._syncing = list(self._syncing), set()
         for req_id in synced + list(output.finished_recving or ()):
             done = self._requests.get(req_id)
             if done is None or not done.load_block_ids:
@@ -499,6 +511,7 @@ class SchedulerSide:
     def request_finished(self, request: Request) -> tuple[bool, dict[str, Any] | None]:
         """Hold the blocks while this request's saves may still be running."""
         state = self._requests.pop(request.request_id, None)
+        self._saved_all.discard(request.request_id)
         return (state is not None and state.save_jobs > 0), None
 
     def shutdown(self) -> None:
