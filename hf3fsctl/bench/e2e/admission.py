@@ -13,7 +13,8 @@ outputs every connector run must equal.
 
 Figures per setting and wave: vLLM's hit rate and the store's (the connector's loaded
 tokens over prompt tokens), TTFT p50, blocks and bytes the connector wrote, and what the
-store holds after the wave (`hf3fsctl stats --json`: keys, live bytes, admission_skipped).
+store holds after the wave (`hf3fsctl stats --json`: keys, live bytes, admission_skipped;
+these include each engine's untimed warm-up request, the connector's counts do not).
 Ratios: N over store-all in the same run, for bytes written and the warm wave's hit rate.
 Store-all is the hit-rate ceiling: wave 2's suffixes and one-offs are in no store, so
 no admission can load more of wave 2 than storing everything does.
