@@ -73,8 +73,11 @@ if #walked_scope > 1 then table.sort(cands, sorts_before) end
 
 -- Whether a candidate is out of this phase: an LRU candidate the expired phase already
 -- walked; an expired one not last accessed before the cutoff.
+local has_expiry = {}
+for _, ns in ipairs(expiring_of(scope)) do has_expiry[ns] = true end
 local function passed_over(ns, key, depth)
   if phase == 'l' then
+    if not has_expiry[ns] then return false end
     local x = tonumber(redis.call('ZSCORE', k_x(ns), lru_member(key, depth)))
     return x ~= nil and x <= expired_by
   end
