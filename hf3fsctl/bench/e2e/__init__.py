@@ -46,7 +46,8 @@ processes.
 
 Rooms: `settings` (workload, configurations, settings), `samples` (figures of one
 configuration), `engines` (model, sizing, the private store), `offline` (the engine
-runs), `url` (a running server), `document` (figures and ratios), `run`. LMCache's
+runs), `url` (a running server), `document` (figures and ratios), `admission`
+(`--admission N`: store_after_hits N vs storing all, its own workload and section), `run`. LMCache's
 server is a peer: `hf3fsctl.bench.peers.lmcache`.
 """
 
