@@ -116,6 +116,18 @@ def step_bucket_key(side: str, edge_us: float) -> str:
     return f"step_us_{side}_le_{edge_us:g}"
 
 
+# Per side: its sample list, step count and µs sum keys, and its bucket keys by edge.
+_STEP_KEYS = {
+    side: (
+        f"step_us_{side}",
+        f"steps_{side}",
+        f"step_us_{side}_sum",
+        [step_bucket_key(side, edge) for edge in STEP_EDGES_US],
+    )
+    for side in STEP_SIDES
+}
+
+
 def step_percentiles(totals: Mapping[str, Any], side: str) -> dict[str, float | None]:
     """p50 / p99 / mean µs per step of `side` from (a difference of) process totals.
 
@@ -180,16 +192,16 @@ class StatsRecorder:
     def step(self, side: str, ns: int) -> None:
         """Record one engine step's connector CPU time on `side` (`STEP_SIDES`)."""
         us = ns / 1000.0
-        edge = STEP_EDGES_US[min(bisect.bisect_left(STEP_EDGES_US, us), len(STEP_EDGES_US) - 1)]
+        name, steps, total, buckets = _STEP_KEYS[side]
+        bucket = buckets[min(bisect.bisect_left(STEP_EDGES_US, us), len(buckets) - 1)]
         with self._lock:
-            samples = self._steps[f"step_us_{side}"]
+            samples = self._steps[name]
             if len(samples) < MAX_SAMPLES:
                 samples.append(us)
             self._steps_waiting += 1
-        bucket = step_bucket_key(side, edge)
         with _TOTALS_LOCK:
-            _TOTALS[f"steps_{side}"] = _TOTALS.get(f"steps_{side}", 0) + 1
-            _TOTALS[f"step_us_{side}_sum"] = _TOTALS.get(f"step_us_{side}_sum", 0.0) + us
+            _TOTALS[steps] = _TOTALS.get(steps, 0) + 1
+            _TOTALS[total] = _TOTALS.get(total, 0.0) + us
             _TOTALS[bucket] = _TOTALS.get(bucket, 0) + 1
 
     def take(self, state_level: int = 0) -> dict[str, Any] | None:
