@@ -1,18 +1,20 @@
 """Soak: the metadata load test held for minutes against one real `hf3fsctl serve`.
 
-    python benchmarks/soak.py [--minutes 5] [--json-out soak.json]      # `make soak`
+    python benchmarks/soak.py [--minutes 5] [--clients-per-op N] [--json-out soak.json]
+                                                                        # `make soak`
 
 Starts `hf3fsctl serve` (a token, loopback, a bounded store: `--capacity-pages` pages of
 2 MiB, so allocations keep evicting and the entry count stays flat), fills it with
 `--entries` committed keys, then runs the cells of `hf3fsctl bench metadata`
 (`hf3fsctl.bench.metadata.measure`) *at once* for the whole duration: 8 client processes
 doing allocate + commit of 64 keys (evicting), 4 doing lookups of 1,000 keys, 4 locating
-64 — 16 clients. Every `--sample-s` seconds it records the server's RSS and open file
+64 — 16 clients (`--clients-per-op N`: N of each instead, for a shared machine). Every `--sample-s` seconds it records the server's RSS and open file
 descriptors, and the database's size (each SQLite connection caches up to 2 MiB of it,
 so RSS may grow towards that while the file does). It prints and writes one JSON
 document: per operation the calls, failed and unfinished calls, ops/s and latency
 percentiles; the samples; and the least-squares slope of RSS (bytes/min) and fds (per
-min) after the first minute (warm-up). A clean soak has zero failed or unfinished calls
+min) after the first minute (warm-up), and `rss_slope_mb_per_min` beside the goal
+(`rss_goal_mb_per_min`: issue 21's 0.1 MB/min, `rss_goal_met`). A clean soak has zero failed or unfinished calls
 and slopes near zero.
 
 Loopback only, bounded in time (`--minutes`, plus set-up), never part of `make test`.
@@ -135,10 +137,20 @@ def _slope_per_min(samples: list[dict[str, float]], field: str, skip_s: float) -
     return 60.0 * cov / var if var > 0 else None
 
 
+RSS_GOAL_MB_PER_MIN = 0.1  # issue 21: RSS flat after warm-up
+
+
 def soak(
-    minutes: float, entries: int, capacity_pages: int, sample_s: float, keep: Path | None = None
+    minutes: float,
+    entries: int,
+    capacity_pages: int,
+    sample_s: float,
+    keep: Path | None = None,
+    mix: dict[str, int] | None = None,
 ) -> dict[str, Any]:
-    """Run the soak; returns the JSON document. `keep`: work there and leave it behind."""
+    """Run the soak; returns the JSON document. `keep`: work there and leave it behind;
+    `mix`: client processes per operation (default `MIX`)."""
+    mix = dict(mix or MIX)
     seconds = minutes * 60.0
     with tempfile.TemporaryDirectory(prefix="hf3fsctl-soak-") as scratch:
         tmp = str(keep) if keep is not None else scratch
@@ -151,7 +163,7 @@ def soak(
             results = context.Queue()
             cells = [
                 context.Process(target=_cell, args=(spec, op, n, seconds, results))
-                for op, n in MIX.items()
+                for op, n in mix.items()
             ]
             samples: list[dict[str, float]] = []
             start = time.monotonic()
@@ -188,17 +200,21 @@ def soak(
         int(r.get("failed_calls", 0)) + int(r.get("unfinished_calls", 0)) + ("error" in r)
         for r in by_op.values()
     )
+    rss_slope = _slope_per_min(samples, "rss_bytes", 60.0)
     return {
         "minutes": minutes,
         "elapsed_s": round(elapsed, 1),
-        "clients": dict(MIX),
+        "clients": mix,
         "entries_prefilled": entries,
         "capacity_pages": capacity_pages,
         "server_alive_at_end": alive,
         "operations": by_op,
         "total_calls": sum(int(r.get("calls", 0)) for r in by_op.values()),
         "errors": errors,
-        "rss_slope_bytes_per_min": _slope_per_min(samples, "rss_bytes", 60.0),
+        "rss_slope_bytes_per_min": rss_slope,
+        "rss_slope_mb_per_min": None if rss_slope is None else rss_slope / 1e6,
+        "rss_goal_mb_per_min": RSS_GOAL_MB_PER_MIN,
+        "rss_goal_met": None if rss_slope is None else rss_slope / 1e6 <= RSS_GOAL_MB_PER_MIN,
         "fds_slope_per_min": _slope_per_min(samples, "open_fds", 60.0),
         "rss_first_last_bytes": [samples[0]["rss_bytes"], samples[-1]["rss_bytes"]]
         if samples
@@ -216,8 +232,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sample-s", type=float, default=5.0)
     parser.add_argument("--json-out", type=Path, default=None)
     parser.add_argument("--dir", type=Path, default=None, help="work here and keep it")
+    parser.add_argument(
+        "--clients-per-op",
+        type=int,
+        default=None,
+        help="client processes of each operation (default: the 8/4/4 mix, 16 in all)",
+    )
     args = parser.parse_args(argv)
-    document = soak(args.minutes, args.entries, args.capacity_pages, args.sample_s, args.dir)
+    mix = None if args.clients_per_op is None else dict.fromkeys(MIX, args.clients_per_op)
+    document = soak(args.minutes, args.entries, args.capacity_pages, args.sample_s, args.dir, mix)
     text = json.dumps(document, indent=2)
     if args.json_out is not None:
         args.json_out.write_text(text + "\n")
