@@ -221,7 +221,10 @@ class SchedulerSide:
                 self._admit_warned = True
                 logger.warning("admission (store_after_hits) failed: %s; not saving", exc)
             return hits
-        return admitted_upto(hits, admitted)
+        upto = admitted_upto(hits, admitted)
+        if upto is not None:  # this engine's own count of what admission kept from saving
+            self.stats.add(admission_skipped_blocks=len(keys) - upto)
+        return upto
 
     def _pin_stored(self, keys: list[str], ttl_s: float | None) -> None:
         """Pin a request's keys the store already holds (off the engine thread)."""

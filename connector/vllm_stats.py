@@ -8,7 +8,8 @@ Contract:
       vLLM aggregates it across workers (sums, the worst health state, bounded latency
       samples) and reduces it for its log line.
     * `Hf3fsctlPromMetrics` turns the aggregated counts into `hf3fsctl:connector_*`
-      counters, a failure counter by kind, the health gauge, a latency histogram and
+      counters (`..._admission_skipped_blocks`: saves admission skipped, per engine), a
+      failure counter by kind, the health gauge, a latency histogram and
       `hf3fsctl:connector_step_cpu_seconds{side}`, the histogram of the connector's CPU
       time per engine step on each side (docs/design.md "Fixed costs").
     * `reduce()` (vLLM's log line) adds `<side>_step_p50_us` / `_p99_us`.
@@ -71,6 +72,8 @@ class Hf3fsctlConnectorStats(KVConnectorStats):
             name: data.get(name, 0)
             for name in ("hit_tokens", "blocks_loaded", "blocks_saved", "misses")
         }
+        if data.get("admission_skipped_blocks"):  # only where admission is on
+            out["admission_skipped_blocks"] = data["admission_skipped_blocks"]
         out["load_GBps"] = round(gbps(data.get("bytes_loaded", 0), data.get("load_seconds", 0)), 3)
         out["save_GBps"] = round(gbps(data.get("bytes_saved", 0), data.get("save_seconds", 0)), 3)
         out["failed_blocks"] = sum(data.get(f"failed_{kind}", 0) for kind in FAILURE_KINDS)
@@ -99,6 +102,8 @@ _COUNTER_HELP = {
     "bytes_saved": "Bytes saved to hf3fsctl",
     "misses": "Requests served as a miss because the metadata service failed",
     "invalidated": "Keys dropped from the store because a load found them corrupt",
+    "admission_skipped_blocks": "Prompt blocks not saved because admission "
+    "(connector.store_after_hits) had not seen them often enough",
 }
 
 
