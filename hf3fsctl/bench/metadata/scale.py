@@ -6,7 +6,8 @@ the reference, `in-tree` (vLLM's in-tree server, which has no capacity: its cell
 allocate on a store with room) — the store is filled to N committed entries with
 capacity N pages (watermarks high 1.0, low half a page below: every allocate evicts what
 it needs), in big batches through the store's own API (8,192 keys per allocate and
-commit; the SQLite fill runs in a child beside the Redis fill). Then two cells of
+commit; the SQLite fill runs in a child beside the Redis fill, its keys globally sorted
+on a bulk connection, the Redis fill from 2 processes: `stores.py`). Then two cells of
 `clients` client processes for `seconds` each:
 
 - `lookup`: a 1,000-key chain starting anywhere in the store (`lookup_spread`), so the
