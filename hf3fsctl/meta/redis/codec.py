@@ -10,8 +10,9 @@ at the Python boundary.
 - An entry is `lua/common.lua`'s `ENTRY` (`<BI7I6I4I5I5I4I5I5I5f`, then the checksum:
   times in ms since `EPOCH_MS`, `until` in µs, 0 for none): 60 bytes with an xxh3
   checksum, one 64-byte allocation. Flags and `until` lead: a committed entry without an
-  expiry starts with `"\x01"` and seven NULs, which `entry_counts` sees in the decoded
-  reply without re-encoding it.
+  expiry starts with 0x01 and seven zero bytes, all `entry_counts` reads of it (`lookup`
+  takes its `HMGET` as bytes: decoding 1,000 binary values would cost more than the
+  rest).
 
 redis-py hands replies over decoded (`decode_responses=True`, `surrogateescape`), so
 `raw(text)` gives back the bytes Redis holds.
@@ -30,7 +31,7 @@ _XXH3_TAG = b"\x01"
 # retention: the 5-, 6- and 7-byte integers are read as bytes (struct has none such)
 _ENTRY = struct.Struct("<B7s6sI5s5sI5s5s5sf")
 ENTRY_BYTES = _ENTRY.size
-_FOREVER = "\x01" + "\x00" * 7  # committed, no expiry: how such an entry starts
+FOREVER = b"\x01" + bytes(7)  # committed, no expiry: how such an entry starts
 EPOCH_MS = 1_735_689_600_000  # 2025-01-01 UTC: entries' times count from it
 COMMITTED, RENEW = 1, 2  # flag bits
 
@@ -112,26 +113,27 @@ def unpack_entry(value: str) -> dict[str, Any]:
     }
 
 
-def entry_counts(value: str | None, now_ms: float) -> bool:
-    """Whether an entry (of a one-rank namespace's `e:NS:0`, as `lookup` reads it) is
-    committed and unexpired at `now_ms`, from its flags and `until` alone."""
+def entry_counts(value: bytes | str | None, now_ms: float) -> bool:
+    """Whether an entry (of a one-rank namespace's `e:NS:0`, as `lookup` reads it: bytes)
+    is committed and unexpired at `now_ms`, from its flags and `until` alone."""
     if value is None:
         return False
-    if value.startswith(_FOREVER):  # the common case: no re-encoding
+    data = raw(value) if isinstance(value, str) else value
+    if data.startswith(FOREVER):  # the common case
         return True
-    data = raw(value)
     if not data[0] & COMMITTED:
         return False
     until = _until_ms(data[1:8])
     return until == 0 or until > now_ms
 
 
-def committed_counts(value: str | None, num_ranks: int, now_ms: float) -> bool:
+def committed_counts(value: bytes | str | None, num_ranks: int, now_ms: float) -> bool:
     """Whether a `c:NS` value ("RANKS" or "RANKS EXPIRY_MS") says the key is committed on
     every rank and unexpired at `now_ms`."""
     if value is None:
         return False
-    count, _, expiry = value.partition(" ")
+    text = value.decode() if isinstance(value, bytes) else value
+    count, _, expiry = text.partition(" ")
     return int(count) >= num_ranks and (not expiry or float(expiry) > now_ms)
 
 
