@@ -2,7 +2,9 @@
 
 Renders the document's `admission` section (`hf3fsctl.bench.e2e.admission` says what is
 measured): one row per setting and wave, then a total per setting, then N's ratios to
-store-all of the same run.
+store-all of the same run. "blocks skipped" is the engine's own count of the prompt
+blocks its admission kept from being saved; the store's columns are what it holds after
+the wave (its skipped keys: every engine's, the warm-up's included).
 """
 
 from __future__ import annotations
@@ -48,8 +50,9 @@ def render_admission(section: dict[str, Any]) -> RenderableType:
         "TTFT p50",
         "blocks written",
         "bytes written",
+        "blocks skipped",
         "store: keys",
-        "skipped by admission",
+        "store: skipped keys",
         "outputs",
     )
     for column in columns:
@@ -73,6 +76,7 @@ def render_admission(section: dict[str, Any]) -> RenderableType:
                 _fmt(entry["ttft_p50_s"], ".3f", " s"),
                 _fmt(entry["blocks_written"], ",.0f"),
                 _mib(entry["bytes_written"]),
+                _fmt(entry.get("blocks_skipped"), ",.0f"),
                 _fmt(store.get("keys"), ",d"),
                 _fmt(store.get("admission_skipped"), ",d"),
                 Text("same" if same else "DIFFER", style="green" if same else "bold red"),

@@ -59,7 +59,12 @@ def samples(hit_tokens: int, saved_blocks: int, outputs: int = 7) -> Samples:
     requests = [RequestResult(100, [outputs], hit_tokens // 2, 0.5, "length") for _ in range(2)]
     one.add_pass(requests, 1.0, sequential=False)
     one.add_connector(
-        {"hit_tokens": hit_tokens, "blocks_saved": saved_blocks, "bytes_saved": saved_blocks * 10}
+        {
+            "hit_tokens": hit_tokens,
+            "blocks_saved": saved_blocks,
+            "bytes_saved": saved_blocks * 10,
+            "admission_skipped_blocks": 50 - saved_blocks,
+        }
     )
     return one
 
@@ -88,6 +93,7 @@ def test_the_section_divides_admission_by_store_all_of_the_same_run() -> None:
     assert (base["store_after_hits"], admitted["store_after_hits"]) == (0, 2)
     assert (base["bytes_written"], admitted["bytes_written"]) == (700, 100)
     assert admitted["warm"]["store_hit_rate"] == pytest.approx(90 / 200)
+    assert (admitted["cold"]["blocks_skipped"], admitted["warm"]["blocks_skipped"]) == (40, 50)
     ratios = section["ratios"]
     assert ratios["bytes_written_over_store_all"] == pytest.approx(100 / 700)
     assert ratios["cold_bytes_written_over_store_all"] == pytest.approx(10 / 40)

@@ -12,7 +12,8 @@ own private store and two fresh engine processes: `cold` runs wave 1 on the empt
 outputs every connector run must equal.
 
 Figures per setting and wave: vLLM's hit rate and the store's (the connector's loaded
-tokens over prompt tokens), TTFT p50, blocks and bytes the connector wrote, and what the
+tokens over prompt tokens), TTFT p50, blocks and bytes the connector wrote, the blocks its
+admission kept from being saved (`admission_skipped_blocks`), and what the
 store holds after the wave (`hf3fsctl stats --json`: keys, live bytes, admission_skipped;
 these include each engine's untimed warm-up request, the connector's counts do not).
 Ratios: N over store-all in the same run, for bytes written and the warm wave's hit rate.
@@ -145,6 +146,7 @@ def _wave_figures(
         "blocks_written": conn.get("blocks_saved", 0),
         "bytes_written": conn.get("bytes_saved", 0),
         "bytes_loaded": conn.get("bytes_loaded", 0),
+        "blocks_skipped": conn.get("admission_skipped_blocks", 0),  # the engine's own count
         "store_after": store,
         "outputs_match_none": (
             None

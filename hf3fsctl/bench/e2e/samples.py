@@ -99,6 +99,7 @@ class Samples:
             "save_seconds",
             "failed_blocks",
             "save_dropped",
+            "admission_skipped_blocks",
         ):
             value = (counters or {}).get(key)
             if isinstance(value, (int, float)):
