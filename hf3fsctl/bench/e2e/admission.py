@@ -31,15 +31,31 @@ import json
 import random
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from hf3fsctl.bench.e2e.engines import clean_env, make_store
 from hf3fsctl.bench.e2e.samples import Samples, ratio_of
 from hf3fsctl.bench.e2e.settings import TOKEN_ID_LIMIT, E2ESettings, Workload
 
 if TYPE_CHECKING:
-    from hf3fsctl.bench.e2e.offline import OfflineRuns
+    from hf3fsctl.vllm_tools.runner import EngineResult
+
+
+class Runs(Protocol):
+    """What this module needs of `offline.OfflineRuns` (which calls it: no import back)."""
+
+    s: E2ESettings
+    log: Callable[[str], None]
+    samples: dict[str, Samples]
+    failures: dict[str, str]
+    admission_stores: dict[str, dict[str, int] | None]
+
+    def engine(
+        self, names: list[str], model: str, prompts: list[list[int]], kv: dict[str, Any] | None
+    ) -> EngineResult | None: ...
+
 
 STORE_ALL = 0  # connector.store_after_hits' default: every block is saved
 WAVES = ("cold", "warm")  # wave 1 on an empty store, wave 2 on what wave 1 left
@@ -103,7 +119,7 @@ def store_figures(config_file: str) -> dict[str, int] | None:
     }
 
 
-def run_admission(runner: OfflineRuns, repeat: int, model: str, vocab: int, scratch: Path) -> None:
+def run_admission(runner: Runs, repeat: int, model: str, vocab: int, scratch: Path) -> None:
     """One repeat of the comparison: the references, then each setting's two waves.
 
     Samples go to `runner.samples` under `run_name` / `reference_name`; what each store
@@ -156,7 +172,7 @@ def _wave_figures(
     }
 
 
-def admission_document(settings: E2ESettings, runner: OfflineRuns) -> dict[str, Any]:
+def admission_document(settings: E2ESettings, runner: Runs) -> dict[str, Any]:
     """The JSON section `admission`: each setting's waves, totals and ratios to store-all."""
     references = [runner.samples.get(reference_name(n)) for n in (1, 2)]
     runs = []
