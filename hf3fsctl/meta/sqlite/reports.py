@@ -1,6 +1,7 @@
 """Read-only reports over the store's tables: usage and traffic per namespace.
 
-`store_stats` runs inside one read transaction of `MetadataStore.stats`; it scans the
+`list_entries` (for `ls`) and `store_stats` run inside one read transaction of the
+`MetadataStore`; `store_stats` it scans the
 entries once per call, which is fine for `stats`, `/metrics` scrapes and `doctor`, and
 never runs on the data path.
 """
@@ -10,9 +11,10 @@ from __future__ import annotations
 import json
 import sqlite3
 
-from hf3fsctl.meta.models import NamespaceStats, StoreStats
+from hf3fsctl.meta.models import EntryInfo, NamespaceStats, StoreStats
 from hf3fsctl.meta.sqlite.capacity import quota_scopes
-from hf3fsctl.meta.sqlite.pins import key_bytes, pinned_counts
+from hf3fsctl.meta.sqlite.pins import key_bytes, pinned_among, pinned_counts
+from hf3fsctl.meta.sqlite.schema import COMMITTED
 
 
 def store_stats(
@@ -101,3 +103,44 @@ def store_stats(
             )
         )
     return StoreStats.summed(namespaces, capacity, max_pinned)
+
+
+def list_entries(
+    conn: sqlite3.Connection,
+    namespace: str | None,
+    limit: int,
+    offset: int,
+    *,
+    now: float,
+    has_expiry: bool = True,
+) -> list[EntryInfo]:
+    """Entries (one per key and rank), most recently used first, with pins and expiries
+    (`has_expiry` False: a read-only store written before expiry, whose entries never
+    expire)."""
+    where, args = ("WHERE namespace = ?", [namespace]) if namespace else ("", [])
+    expires = "expires_at" if has_expiry else "NULL"
+    rows = conn.execute(
+        "SELECT namespace, key, rank, page, size, checksum, state, depth, created,"
+        f" last_access, hits, {expires} FROM entries {where}"
+        " ORDER BY last_access DESC, depth ASC, key, rank LIMIT ? OFFSET ?",
+        (*args, limit, offset),
+    ).fetchall()
+    pinned = pinned_among(conn, [(r[0], r[1]) for r in rows], now)
+    return [
+        EntryInfo.model_construct(
+            namespace=r[0],
+            key=r[1],
+            rank=r[2],
+            page=r[3],
+            size=r[4],
+            checksum=r[5],
+            state="committed" if r[6] == COMMITTED else "pending",
+            depth=r[7],
+            created=r[8],
+            last_access=r[9],
+            hits=r[10],
+            pinned=(r[0], r[1]) in pinned,
+            expires_at=r[11],
+        )
+        for r in rows
+    ]

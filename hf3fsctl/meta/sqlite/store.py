@@ -606,34 +606,12 @@ class MetadataStore(SqliteDatabase, StoreCore):
         return DropNamespacesResult(namespaces=dropped, dry_run=dry_run)
 
     def _list_entries(self, namespace: str | None, limit: int, offset: int) -> list[EntryInfo]:
-        where, args = ("WHERE namespace = ?", [namespace]) if namespace else ("", [])
-        expires = "expires_at" if self._has_expiry else "NULL"
+        from hf3fsctl.meta.sqlite.reports import list_entries
+
         with self._read() as conn:
-            rows = conn.execute(
-                "SELECT namespace, key, rank, page, size, checksum, state, depth, created,"
-                f" last_access, hits, {expires} FROM entries {where}"
-                " ORDER BY last_access DESC, depth ASC, key, rank LIMIT ? OFFSET ?",
-                (*args, limit, offset),
-            ).fetchall()
-            pinned = pins.pinned_among(conn, [(r[0], r[1]) for r in rows], time.time())
-        return [
-            EntryInfo.model_construct(
-                namespace=r[0],
-                key=r[1],
-                rank=r[2],
-                page=r[3],
-                size=r[4],
-                checksum=r[5],
-                state="committed" if r[6] == schema.COMMITTED else "pending",
-                depth=r[7],
-                created=r[8],
-                last_access=r[9],
-                hits=r[10],
-                pinned=(r[0], r[1]) in pinned,
-                expires_at=r[11],
+            return list_entries(
+                conn, namespace, limit, offset, now=time.time(), has_expiry=self._has_expiry
             )
-            for r in rows
-        ]
 
     def health(self) -> dict[str, Any]:
         """A cheap liveness check: the database answers a query."""
