@@ -5,8 +5,13 @@ and the scripts are described in `hf3fsctl/meta/redis/__init__.py`. Every data-p
 is one round trip: one EVALSHA of a Lua script, which Redis runs atomically (no other
 command runs while it does), so allocate — capacity, quotas, eviction and all — commit,
 release, invalidate and admin eviction are each one atomic step, whichever process or
-node calls them. Time is the Redis server's (`TIME` inside the scripts), so leases and
-writer deadlines mean the same on every node of a fleet.
+node calls them. Time is the Redis server's (`TIME` inside the scripts), so leases,
+writer deadlines and entries' expiries mean the same on every node of a fleet; `lookup`
+(`lookup.py`) reads the expiries against the time its counter script answers. `admit`'s
+sightings live in Redis too (`admit.lua`), so every engine's add up, at most
+`ADMISSION_TRACKED_KEYS` per store. Keys, checksums and entries cross the boundary
+once, as bytes (`codec.py`); the store's format is checked, and older ones migrated, on
+open (`migration.py`).
 
 Freed disk space is given back in two phases, as the SQLite store does: a script *marks*
 free pages (they leave the free list, still counted as held), this process punches them
@@ -15,8 +20,9 @@ held) — or returns them to the free list if the file system refused. Marks a c
 process left are finished by the next store that opens (only marks older than
 `STALE_MARK_S`, so a live process's in-flight marks are never punched twice).
 
-Nothing lives in this process but the connection pool, the script hashes and the hits of
-its last lookups (counted with its next lookup, or at stats, close or exit): several
+Nothing lives in this process but the connection pool, the script hashes, each looked-up
+namespace's rank count (fixed by its manifest) and the hits of its last lookups (counted
+with its next lookup, or at stats, close or exit): several
 `hf3fsctl serve` replicas, connectors and CLI commands on one Redis see one store.
 """
 
