@@ -12,7 +12,16 @@ from collections.abc import Callable
 
 import pytest
 from contract_backends import ALL_BACKENDS, Backend
-from helpers.meta_builders import PAGE_BYTES, checksum, keys, register, store_keys
+from helpers.meta_builders import (
+    PAGE_BYTES,
+    checksum,
+    keys,
+    register,
+    register_growable,
+    store_keys,
+    store_written,
+    write_pages,
+)
 
 from hf3fsctl.errors import InvalidRequest
 from hf3fsctl.meta.models import CommitItem
@@ -213,3 +222,38 @@ def test_a_retention_must_be_positive_and_finite(store: MetadataClient, retentio
     )
     with pytest.raises(InvalidRequest):
         store.commit(ns, 0, [item])
+
+
+def test_capacity_eviction_takes_expired_keys_before_older_unexpired_ones(
+    backend: Backend,
+) -> None:
+    store = backend.open(high_watermark=0.8, low_watermark=0.5, lease_s=0.1, with_root=True)
+    store.set_capacity(20 * PAGE_BYTES)  # 20 pages: evicts above 16, down to 10 + room
+    ns, files = register_growable(store, backend.root)
+    old = keys(4, salt="old")
+    assert store_written(store, ns, files, old) == 4
+    time.sleep(0.01)
+    expiring = keys(8, salt="expiring")
+    result = store.allocate(ns, 0, expiring)
+    write_pages(files[0], [a.page for a in result.allocated])
+    store.commit(
+        ns,
+        0,
+        [
+            CommitItem(
+                key=a.key,
+                page=a.page,
+                checksum=checksum(a.key, a.page),
+                size=PAGE_BYTES,
+                retention_s=RETENTION_S,
+            )
+            for a in result.allocated
+        ],
+    )
+    time.sleep(RETENTION_S + MARGIN_S)
+    assert store_written(store, ns, files, keys(5, salt="new")) == 5  # 17 pages > 16
+    assert store.lookup(ns, old) == 4
+    evicted = next(n for n in store.stats().namespaces if n.id == ns).evicted
+    assert evicted["expired"][0] >= 5 and "capacity" not in evicted  # only expired keys went
+    for file in files:
+        file.close()
