@@ -51,7 +51,7 @@ from .metadata import Hf3fsctlConnectorMetadata
 from .namespace import build_manifests, load_settings
 from .scheduler import SchedulerSide
 from .service import MetadataGuard
-from .stats import StatsRecorder
+from .stats import STEP_SHIP_SAMPLES, StatsRecorder, hold_steps
 from .vllm_stats import Hf3fsctlConnectorStats, Hf3fsctlPromMetrics
 from .worker import WorkerSide
 
@@ -118,6 +118,11 @@ class Hf3fsctlConnector(KVConnectorBase_V1, SupportsHMA):
         # worker's open span began (0: none open).
         self._step_ns = 0
         self._span_from = 0
+        # Step samples kept here and recorded in batches (`_keep_step`): one list append
+        # per step instead of the recorder's locks and histogram (cache-cold after a
+        # forward pass, that costs tens of µs).
+        self._steps: list[int] = []
+        hold_steps(self)
         self.scheduler_side: SchedulerSide | None = None
         self.worker_side: WorkerSide | None = None  # the first group's
         self.workers: GroupWorkers | None = None
@@ -202,7 +207,7 @@ class Hf3fsctlConnector(KVConnectorBase_V1, SupportsHMA):
 
     def bind_connector_metadata(self, connector_metadata: KVConnectorMetadata) -> None:
         """A worker step begins: the last step's saves may start (`WorkerSide.step_began`)."""
-        super().bind_connector_metadata(connector_metadata)
+        self._connector_metadata = connector_metadata  # what the base class does
         if self.workers is not None:
             self.workers.step_began()
 
@@ -246,7 +251,10 @@ class Hf3fsctlConnector(KVConnectorBase_V1, SupportsHMA):
         Opens the step's last timed span (closed by `get_kv_connector_stats`: vLLM calls
         `get_block_ids_with_load_errors` and it right after this)."""
         self._span_from = thread_time_ns()
-        sending, recving, failed = self._worker.transfer_results(finished_req_ids)
+        workers = self._worker
+        if workers.idle(finished_req_ids):
+            return KVConnectorTransferResults()
+        sending, recving, failed = workers.transfer_results(finished_req_ids)
         return KVConnectorTransferResults(
             finished_sending=sending, finished_recving=recving, failed_recving=failed
         )
@@ -262,13 +270,27 @@ class Hf3fsctlConnector(KVConnectorBase_V1, SupportsHMA):
             if self._span_from:
                 self._step_ns += now - self._span_from
                 self._span_from = 0
-            self.stats.step("worker", self._step_ns)
+            self._keep_step(self._step_ns)
             self._step_ns = 0
         else:  # not timed: take() of an idle interval is a few checks
             data = self.stats.take(self._scheduler.health.level)
         return None if data is None else Hf3fsctlConnectorStats(data=data)
 
+    def _keep_step(self, ns: int) -> None:
+        """Keep one step's sample; record them every `STEP_SHIP_SAMPLES` steps (and when
+        `process_totals` or `shutdown` asks)."""
+        steps = self._steps
+        steps.append(ns)
+        if len(steps) >= STEP_SHIP_SAMPLES:
+            self.flush_steps()
+
+    def flush_steps(self) -> None:
+        """Record the step samples kept so far (`stats.process_totals` calls it too)."""
+        steps, self._steps = self._steps, []
+        self.stats.steps("worker" if self.workers is not None else "scheduler", steps)
+
     def shutdown(self) -> None:
+        self.flush_steps()
         if self.workers is not None:
             self.workers.shutdown()
         if self.scheduler_side is not None:
@@ -297,7 +319,7 @@ class Hf3fsctlConnector(KVConnectorBase_V1, SupportsHMA):
         """This step's work for the workers; ends the scheduler side's step time."""
         started = thread_time_ns()
         meta = self._scheduler.build_connector_meta(scheduler_output)
-        self.stats.step("scheduler", self._step_ns + thread_time_ns() - started)
+        self._keep_step(self._step_ns + thread_time_ns() - started)
         self._step_ns = 0
         # A registered virtual subclass (above), which mypy cannot see.
         return cast(KVConnectorMetadata, meta)

@@ -124,12 +124,23 @@ class GroupWorkers:
             del waiting[req]
             out.add(req)
 
+    def idle(self, finished_req_ids: set[str]) -> bool:
+        """Whether no transfer can have ended or failed since the last step (the step
+        with nothing in flight: answered without locks or set copies)."""
+        if not self.hybrid:
+            return self.primary.idle(finished_req_ids)
+        return all(side.idle(finished_req_ids) for side in self.sides.values()) and not (
+            self._sending or self._recving or self._failed
+        )
+
     def load_errors(self) -> set[int]:
         """Failed block ids (one group only; several groups report failed requests)."""
         return set() if self.hybrid else self.primary.get_block_ids_with_load_errors()
 
     def health_level(self) -> int:
         """The worst health level of the sides."""
+        if not self.hybrid:
+            return self.primary.health.level
         return max(side.health.level for side in self.sides.values())
 
     def shutdown(self) -> None:

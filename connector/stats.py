@@ -15,7 +15,7 @@ Contract:
       step's CPU time inside the connector's calls on one side (`STEP_SIDES`), as µs in
       the `step_us_<side>` sample list (shipped with other counts, or every
       `STEP_SHIP_SAMPLES` steps / `STEP_SHIP_S` seconds, so an idle engine's steps ship
-      no stats object each), and in the process totals as `steps_<side>`,
+      no stats object each; `steps` records a batch the facade kept), and in the process totals as `steps_<side>`,
       `step_us_<side>_sum` and a cumulative histogram `step_us_<side>_le_<edge>` (µs
       edges `STEP_EDGES_US`, only buckets that were hit: a difference of two totals is
       the histogram of the steps between them). `step_percentiles` reads p50/p99 back.
@@ -31,6 +31,7 @@ import bisect
 import math
 import threading
 import time
+import weakref
 from collections.abc import Mapping
 from typing import Any
 
@@ -80,6 +81,13 @@ STEP_EDGES_US = tuple(float(f"{2 ** (i / 8):.4g}") for i in range(8 * 27))
 
 _TOTALS_LOCK = threading.Lock()
 _TOTALS: dict[str, float] = {}
+# Holders of step samples not recorded yet (the facades): `process_totals` flushes them.
+_STEP_HOLDERS: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def hold_steps(holder: Any) -> None:
+    """Have `process_totals` call `holder.flush_steps()` first (kept weakly)."""
+    _STEP_HOLDERS.add(holder)
 
 
 def empty_counts() -> dict[str, Any]:
@@ -105,6 +113,8 @@ def gbps(num_bytes: float, seconds: float) -> float:
 
 def process_totals() -> dict[str, float]:
     """Cumulative counters of every connector side in this process, with GB/s."""
+    for holder in list(_STEP_HOLDERS):  # step samples a facade still keeps
+        holder.flush_steps()
     with _TOTALS_LOCK:
         totals: dict[str, float] = {name: 0 for name in COUNTERS}
         totals.update({f"failed_{kind}": 0 for kind in FAILURE_KINDS})
@@ -195,18 +205,25 @@ class StatsRecorder:
 
     def step(self, side: str, ns: int) -> None:
         """Record one engine step's connector CPU time on `side` (`STEP_SIDES`)."""
-        us = ns / 1000.0
+        self.steps(side, [ns])
+
+    def steps(self, side: str, ns: list[int]) -> None:
+        """Record engine steps' connector CPU times (ns) on `side`, in one go."""
+        if not ns:
+            return
         name, steps, total, buckets = _STEP_KEYS[side]
-        bucket = buckets[min(bisect.bisect_left(STEP_EDGES_US, us), len(buckets) - 1)]
+        last = len(buckets) - 1
+        us = [n / 1000.0 for n in ns]
+        hit = [buckets[min(bisect.bisect_left(STEP_EDGES_US, u), last)] for u in us]
         with self._lock:
             samples = self._steps[name]
-            if len(samples) < MAX_SAMPLES:
-                samples.append(us)
-            self._steps_waiting += 1
+            samples.extend(us[: max(0, MAX_SAMPLES - len(samples))])
+            self._steps_waiting += len(us)
         with _TOTALS_LOCK:
-            _TOTALS[steps] = _TOTALS.get(steps, 0) + 1
-            _TOTALS[total] = _TOTALS.get(total, 0.0) + us
-            _TOTALS[bucket] = _TOTALS.get(bucket, 0) + 1
+            _TOTALS[steps] = _TOTALS.get(steps, 0) + len(us)
+            _TOTALS[total] = _TOTALS.get(total, 0.0) + sum(us)
+            for bucket in hit:
+                _TOTALS[bucket] = _TOTALS.get(bucket, 0) + 1
 
     def take(self, state_level: int = 0) -> dict[str, Any] | None:
         """The counts since the last call (None when there were none).
@@ -216,9 +233,11 @@ class StatsRecorder:
                 `hf3fsctl.health.LEVELS`); shipped while not ok and once when it changes,
                 for the `hf3fsctl:connector_state` gauge.
         """
+        if not (self._dirty or self._steps_waiting or state_level or self._reported_level):
+            return None  # nothing recorded (read unlocked: what a thread adds is seen next)
         with self._lock:
             state_due = bool(state_level) or state_level != self._reported_level
-            steps_due = self._steps_waiting >= STEP_SHIP_SAMPLES or (
+            steps_due = self._steps_waiting >= STEP_SHIP_SAMPLES or bool(
                 self._steps_waiting and time.monotonic() - self._steps_shipped_at >= STEP_SHIP_S
             )
             if not (self._dirty or state_due or steps_due):

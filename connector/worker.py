@@ -263,7 +263,8 @@ class WorkerSide(WorkerStorage):
 
     def step_began(self) -> None:
         """An engine step began: the previous step's saves may start."""
-        self._step_gate.set()
+        if not self._step_gate.is_set():  # (setting takes the Event's lock)
+            self._step_gate.set()
 
     def wait_for_save(self, meta: Hf3fsctlConnectorMetadata) -> None:
         """Gather this step's save blocks into one staging lease now (one gather); write
@@ -574,12 +575,18 @@ class WorkerSide(WorkerStorage):
 
     # --- reporting -----------------------------------------------------------------
 
+    def idle(self, finished_req_ids: set[str]) -> bool:
+        """Nothing can have ended since the last step: no load in flight or done, no
+        failed block unreported, no finished request waiting for its saves (read
+        unlocked: what a thread adds meanwhile is seen next step)."""
+        return not (self._finished or self._loads or self._done_loads or self._load_errors) and (
+            not (finished_req_ids and self._save_reqs)
+        )
+
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
         """Requests whose saves ended (after vLLM finished them) and whose loads ended."""
-        if not (self._finished or self._loads or self._done_loads) and not (
-            finished_req_ids and self._save_reqs
-        ):
-            return None, None  # nothing can have ended (read unlocked: seen next step if not)
+        if self.idle(finished_req_ids):
+            return None, None
         self._expire_loads()
         with self._lock:
             self._finished.update(r for r in finished_req_ids if r in self._save_reqs)
