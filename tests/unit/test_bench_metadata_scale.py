@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
+from hf3fsctl.bench.metadata import scale_modes
 from hf3fsctl.bench.metadata.scale import rate_ratios
 from hf3fsctl.cli.bench_metadata import parse_entries
 from hf3fsctl.cli.bench_metadata_scale import render_scale
@@ -138,7 +139,8 @@ def test_scale_refuses_bad_settings(tmp_path: Path, args: list[str], message: st
     assert message in " ".join(result.stderr.split())
 
 
-def test_fleet_routes_and_sizing(tmp_path: Path) -> None:
+def test_fleet_routes_and_sizing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(scale_modes, "STORE_LEASE_S", 0.0)  # its 3,000 keys are barely leased
     args = ["bench", "metadata", "--fleet", "2", "--gpus-per-node", "4", "--requests-per-gpu"]
     args += ["2.5", "--prompt-tokens", "500", "--block-size", "16", "--hit-ratio", "0.25"]
     args += ["--mode", "serve", "--entries", "3000", "--clients", "1", "--seconds", "0.3"]
