@@ -56,7 +56,7 @@ for lib in $OPS/_ops.so:cpu $OPS/_ops.so:cuda /tmp/ops-cpu/_ops.so:cpu \
 done 2>&1 | tee "$OUT/throw.log"
 
 echo "== tests (by path: other areas' tests need what this machine lacks)"
-"$PY" -m pytest -q tests/gpu/test_staging_cuda.py tests/gpu/test_worker_cuda.py \
+"$PY" -m pytest -q tests/gpu/test_staging_cuda.py tests/gpu/test_worker_cuda.py tests/gpu/test_worker_cuda_hybrid.py \
   tests/unit/test_staging.py tests/unit/test_staging_kernels.py -p no:cacheprovider \
   -rfE 2>&1 | tee "$OUT/tests.log" | grep -E "^(FAILED|ERROR|[0-9]+ passed)|passed|failed" || status=1
 
