@@ -154,7 +154,7 @@ def test_the_dispatch_point_uses_the_compiled_cuda_ops(cuda_ops: _CompiledOps) -
 def test_cache_round_trip_through_a_page_file_restores_every_byte(
     cuda_ops: _CompiledOps, tmp_path: Path
 ) -> None:
-    from hf3fsctl.storage.engine import open_engine
+    from hf3fsctl.storage.factory import open_engine
     from hf3fsctl.storage.layout import PageFile, slot_bytes
 
     source = flash_cache("LBNHC", seed=6)

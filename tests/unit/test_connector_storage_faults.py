@@ -89,7 +89,12 @@ def test_a_disabled_worker_fails_loads_at_once_and_drops_saves(
         worker.shutdown()
 
 
-def test_a_disabled_worker_is_recorded_for_doctor(harness: Harness, tmp_path: Path) -> None:
+def test_a_disabled_worker_is_recorded_for_doctor(
+    harness: Harness, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A private status directory: records of earlier tests in this process (a scheduler
+    # disabled by another file's test has this pid too) must not be read as this worker's.
+    monkeypatch.setenv("HF3FSCTL_STATE_DIR", str(tmp_path / "state"))
     worker = _worker_over(harness, tmp_path / "not-mounted" / "kv", retry_s=3600)
     try:
         worker.register_kv_caches(make_kv_caches(harness.kv_cache_config)[1])
