@@ -15,6 +15,7 @@ from contract_backends import ALL_BACKENDS, Backend
 from helpers.meta_builders import (
     PAGE_BYTES,
     checksum,
+    commit_items,
     keys,
     register,
     register_growable,
@@ -49,17 +50,7 @@ def store_expiring(
     result = client.allocate(ns, 0, chain)
     assert not result.no_space
     sent = time.time()
-    items = [
-        CommitItem(
-            key=a.key,
-            page=a.page,
-            checksum=checksum(a.key, a.page),
-            size=PAGE_BYTES,
-            retention_s=retention_s,
-            renew_on_read=renew_on_read,
-        )
-        for a in result.allocated
-    ]
+    items = commit_items(result.allocated, retention_s, renew_on_read)
     assert client.commit(ns, 0, items) == len(chain)
     return sent
 
@@ -98,16 +89,7 @@ def test_a_key_counts_only_while_unexpired_on_every_rank(store: MetadataClient) 
     store.commit(  # … rank 1's copy does
         ns,
         1,
-        [
-            CommitItem(
-                key=a.key,
-                page=a.page,
-                checksum=checksum(a.key, a.page),
-                size=PAGE_BYTES,
-                retention_s=RETENTION_S,
-            )
-            for a in result.allocated
-        ],
+        commit_items(result.allocated, RETENTION_S),
     )
     present = store.lookup(ns, other)
     if time.time() - sent < RETENTION_S - MARGIN_S:
@@ -239,16 +221,7 @@ def test_capacity_eviction_takes_expired_keys_before_older_unexpired_ones(
     store.commit(
         ns,
         0,
-        [
-            CommitItem(
-                key=a.key,
-                page=a.page,
-                checksum=checksum(a.key, a.page),
-                size=PAGE_BYTES,
-                retention_s=RETENTION_S,
-            )
-            for a in result.allocated
-        ],
+        commit_items(result.allocated, RETENTION_S),
     )
     time.sleep(RETENTION_S + MARGIN_S)
     assert store_written(store, ns, files, keys(5, salt="new")) == 5  # 17 pages > 16

@@ -65,10 +65,19 @@ def checksum(k: str, page: int) -> str:
     return hashlib.blake2b(f"{k}:{page}".encode(), digest_size=8).hexdigest()
 
 
-def commit_items(allocations: list[Any]) -> list[CommitItem]:
-    """Commit items for allocations (anything with `key` and `page`)."""
+def commit_items(
+    allocations: list[Any], retention_s: float | None = None, renew_on_read: bool = False
+) -> list[CommitItem]:
+    """Commit items for allocations (anything with `key` and `page`), with a retention."""
     return [
-        CommitItem(key=a.key, page=a.page, checksum=checksum(a.key, a.page), size=PAGE_BYTES)
+        CommitItem(
+            key=a.key,
+            page=a.page,
+            checksum=checksum(a.key, a.page),
+            size=PAGE_BYTES,
+            retention_s=retention_s,
+            renew_on_read=renew_on_read,
+        )
         for a in allocations
     ]
 

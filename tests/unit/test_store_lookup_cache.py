@@ -10,9 +10,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from helpers.meta_builders import PAGE_BYTES, checksum, keys, register, store_keys
+from helpers.meta_builders import commit_items, keys, register, store_keys
 
-from hf3fsctl.meta.models import CommitItem, EvictRequest
+from hf3fsctl.meta.models import EvictRequest
 from hf3fsctl.meta.sqlite import lookup_cache
 from hf3fsctl.meta.sqlite.store import MetadataStore
 
@@ -94,17 +94,7 @@ def test_an_expired_cached_key_is_missed_and_a_renewed_one_asked_again(tmp_path:
         first.commit(
             ns,
             0,
-            [
-                CommitItem(
-                    key=a.key,
-                    page=a.page,
-                    checksum=checksum(a.key, a.page),
-                    size=PAGE_BYTES,
-                    retention_s=0.3,
-                    renew_on_read=renew,
-                )
-                for a in result.allocated
-            ],
+            commit_items(result.allocated, 0.3, renew),
         )
     assert first.lookup(ns, plain) == first.lookup(ns, renewed) == 1  # cached, expiring
     other.locate(ns, 0, renewed)  # renewed by another process: no change row

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from helpers.cli_store import Store, fill, make_store
-from helpers.meta_builders import PAGE_BYTES, checksum, keys, register, store_keys
+from helpers.meta_builders import PAGE_BYTES, commit_items, keys, register, store_keys
 from typer.testing import CliRunner
 
 from hf3fsctl.cli.main import app
@@ -42,16 +42,7 @@ def commit_expiring(store: MetadataStore, ns: str, chain: list[str], retention_s
     store.commit(
         ns,
         0,
-        [
-            CommitItem(
-                key=a.key,
-                page=a.page,
-                checksum=checksum(a.key, a.page),
-                size=PAGE_BYTES,
-                retention_s=retention_s,
-            )
-            for a in result.allocated
-        ],
+        commit_items(result.allocated, retention_s),
     )
 
 
