@@ -451,8 +451,16 @@ class StoreCore:
         for item in items:
             if item.retention_s is not None:
                 check_retention(item.retention_s)
-            elif item.renew_on_read:
-                raise InvalidRequest(f"key {item.key}: renew_on_read needs a retention_s")
+        if any(item.renew_on_read and item.retention_s is None for item in items):
+            # Nothing to renew without an expiry: the flag is dropped, not refused (the
+            # request is valid by the API's schema, and a never-expiring entry is what
+            # it asks for). Backends then see renew_on_read only beside a retention.
+            items = [
+                item.model_copy(update={"renew_on_read": False})
+                if item.renew_on_read and item.retention_s is None
+                else item
+                for item in items
+            ]
         return self._commit(namespace, rank, items)
 
     def release(self, namespace: str, rank: int, allocations: Sequence[Allocation]) -> int:

@@ -165,7 +165,7 @@ class CommitItem(_Model):
     checksum: str = Field(min_length=1, max_length=64)
     size: Size
     retention_s: Retention | None = None  # None: the entry never expires
-    renew_on_read: bool = False  # a locate renews the expiry (needs retention_s)
+    renew_on_read: bool = False  # a locate renews the expiry (ignored without retention_s)
 
 
 class InvalidateItem(_Model):
