@@ -10,25 +10,15 @@ with a real store (`tests.helpers.connector_harness`).
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import hf3fsctl_connector
-import pytest
 from helpers.connector_harness import BLOCK_SIZE, Harness, make_harness, make_request, prompt_tokens
 from hf3fsctl_connector.stats import process_totals
 
 ADMIT_2 = {"connector.store_after_hits": 2}
-
-
-@pytest.fixture
-def harnesses() -> Iterator[list[Harness]]:
-    made: list[Harness] = []
-    yield made
-    for harness in made:
-        harness.close()
 
 
 def skipped_while(harness: Harness, *requests: Any) -> float:

@@ -40,14 +40,6 @@ def store(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def harnesses() -> Iterator[list[Harness]]:
-    made: list[Harness] = []
-    yield made
-    for harness in made:
-        harness.close()
-
-
-@pytest.fixture
 def client(store: Path) -> Iterator[MetadataClient]:
     config = load_config(
         None,
