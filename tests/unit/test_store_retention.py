@@ -10,12 +10,11 @@ import time
 from pathlib import Path
 
 from helpers.cli_store import Store, fill, make_store
-from helpers.meta_builders import PAGE_BYTES, commit_items, keys, register, store_keys
+from helpers.meta_builders import commit_items, keys, register, store_keys
 from typer.testing import CliRunner
 
 from hf3fsctl.cli.main import app
 from hf3fsctl.meta.client import connect
-from hf3fsctl.meta.models import CommitItem
 from hf3fsctl.meta.server.metrics import ServerMetrics
 from hf3fsctl.meta.sqlite import schema
 from hf3fsctl.meta.sqlite.store import MetadataStore
@@ -106,16 +105,7 @@ def _admit_and_expire(store: Store, chain: list[str]) -> None:
         client.admit(store.namespace, keys(5, salt="once"), 3)
         for rank in (0, 1):
             result = client.allocate(store.namespace, rank, keys(2, salt="r"))
-            client.commit(
-                store.namespace,
-                rank,
-                [
-                    CommitItem(
-                        key=a.key, page=a.page, checksum="ab", size=PAGE_BYTES, retention_s=3600
-                    )
-                    for a in result.allocated
-                ],
-            )
+            client.commit(store.namespace, rank, commit_items(result.allocated, 3600))
     finally:
         client.close()
 
