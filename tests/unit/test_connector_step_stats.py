@@ -6,6 +6,7 @@ import functools
 from types import SimpleNamespace
 from typing import Any
 
+import pytest
 from hf3fsctl_connector.stats import (
     STEP_SHIP_SAMPLES,
     StatsRecorder,
@@ -48,7 +49,8 @@ def test_process_totals_give_the_steps_percentiles_to_the_connector_and_the_benc
     ours = step_percentiles(delta, "scheduler")
     assert ours["p50"] is not None and 10 <= ours["p50"] <= 10 * 1.1
     assert ours["p99"] is not None and 1000 <= ours["p99"] <= 1000 * 1.1
-    assert ours["mean"] == 109.0
+    # totals are process-wide floats: earlier steps in this process leave rounding in the delta
+    assert ours["mean"] == pytest.approx(109.0)
     samples = Samples()
     samples.add_connector(delta)
     bench = step_figures(samples.connector, "scheduler")
