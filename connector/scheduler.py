@@ -6,9 +6,23 @@ Contract:
       for it at most `connector.lookup_wait_ms`, returns None while it is still in
       flight (vLLM asks again next step) and treats a lookup older than
       `metadata.timeout_s`, or any failure, as a miss. The last prompt token is never
-      covered. With `connector.load_mode` "sync" a hit is `(tokens, False)`: the workers
-      load it before the forward of the step that computes the rest of the prompt, and
-      report failed blocks in that step (vLLM recomputes them); with "async" it is
+      covered. `lookup_wait_ms` is the whole step's budget, all its requests together.
+    * An embedded store (`sqlite:///`, in this process) is answered on the engine
+      thread instead, in the same call, while the step's budget lasts (docs/design.md
+      "Fixed costs": a thread hand-off per request cost more than the lookup): a hit is
+      offered in the step that first asks, as vLLM's own prefix cache would be. Its time
+      counts against the budget; a lookup that takes longer than `lookup_wait_ms` sends
+      lookups back to the threads for `metadata.retry_backoff_s`, so a slow store costs
+      a step at most one lookup per back-off (one that blocks, on a hung file system or
+      a SQLite lock, holds that step until it returns or fails, as a synchronous load's
+      read of the same file system would). A service (HTTP, Redis) is never asked on
+      the engine thread. Admission lookups
+      (they write) always run on the threads. The scheduler opens its client when it is
+      built (an embedded store on the engine thread, as the worker's registration does;
+      any other in the background), so no request pays for opening it.
+    * With `connector.load_mode` "sync" a hit is `(tokens, False)`: the workers load it
+      before the forward of the step that computes the rest of the prompt, and report
+      failed blocks in that step (vLLM recomputes them); with "async" it is
       `(tokens, True)` and the request waits for `finished_recving`.
     * `build_connector_meta` drains the step's work: loads planned by
       `update_state_after_alloc`, and saves of prompt blocks that become full this step
@@ -133,7 +147,12 @@ class SchedulerSide:
         )
         self._storage_checked_at = -1e9  # monotonic time of the last storage check
         # What is left of this scheduler step's `lookup_wait_ms` (reset per step).
-        self._step_wait_left = config.connector.lookup_wait_ms / 1000.0
+        self._wait_s = config.connector.lookup_wait_ms / 1000.0
+        self._step_wait_left = self._wait_s
+        # Lookups of an embedded store run on the engine thread (`_lookup_inline`) unless
+        # one was slow: then on the threads until this monotonic time.
+        self._embedded = config.metadata_target.embedded
+        self._inline_paused_until = 0.0
         self._storage_ok = True
         # KV events for routers (vLLM's --kv-events-config): see connector/events.py;
         # one follower per stored group's namespace.
@@ -156,6 +175,23 @@ class SchedulerSide:
             else {}
         )
         self.events = next(iter(self.group_events.values()), None)
+        self._open_client()
+
+    def _open_client(self) -> None:
+        """Open the metadata client now, not in the first request's lookup: an embedded
+        store here (a local file, opened on this thread, whose connection its inline
+        lookups then use), any other on a lookup thread. A failure is left to the first
+        lookup, which serves a miss and marks the service down."""
+        if not self._embedded:
+            self._pool.submit(self._open_quietly)
+            return
+        self._open_quietly()
+
+    def _open_quietly(self) -> None:
+        try:
+            self.guard.client()
+        except Exception as exc:  # the first lookup tries again (and reports it)
+            logger.debug("opening metadata %s at start failed: %s", self.guard.url, exc)
 
     def take_events(self) -> list[Any]:
         """Every group's queued KV events (`StoreEvents.take_events`)."""
@@ -209,6 +245,39 @@ class SchedulerSide:
         self.stats.observe("lookup_s", time.monotonic() - started)
         return hits, (self._admit(keys, hits) if admit else admitted_upto)
 
+    def _inline_ok(self) -> bool:
+        """Whether this lookup may run on the engine thread: an embedded store whose
+        client is open, budget left in this step, and no slow lookup lately."""
+        return (
+            self._embedded
+            and self._step_wait_left > 0
+            and self.guard.is_open
+            and time.monotonic() >= self._inline_paused_until
+        )
+
+    def _lookup_inline(
+        self, keys: list[str], limit: int, admitted: int | None
+    ) -> Future[tuple[int, int | None]]:
+        """`_timed_lookup` on this (the engine) thread, as a finished future."""
+        future: Future[tuple[int, int | None]] = Future()
+        started = time.monotonic()
+        try:
+            future.set_result(self._timed_lookup(keys, limit, False, admitted))
+        except Exception as exc:  # resolved as the threads' failures are
+            future.set_exception(exc)
+        took = time.monotonic() - started
+        self._step_wait_left -= took
+        if took > self._wait_s:
+            self._inline_paused_until = time.monotonic() + self.guard.backoff_s
+            logger.warning(
+                "a lookup of the embedded metadata store took %.1f ms (connector."
+                "lookup_wait_ms %.0f): lookups run off the engine step for %.0f s",
+                took * 1000,
+                self._wait_s * 1000,
+                self.guard.backoff_s,
+            )
+        return future
+
     def _admit(self, keys: list[str], hits: int) -> int | None:
         """`request_params.admitted_upto` of the store's answer for the keys past `hits`."""
         rest = keys[hits:]
@@ -260,18 +329,21 @@ class SchedulerSide:
             limit = self._hit_limit(state.request, keys)
             if admit:  # asked once per request; nothing is saved until it answers
                 state.admission_done, state.admitted_upto = True, 0
-            state.lookup = self._pool.submit(
-                self._timed_lookup, keys, limit, admit, state.admitted_upto
-            )
             self.stats.add(lookup_blocks=len(keys))
-            # A fast store answers within this step; a slow or dead one costs the whole
-            # step (all its requests together) at most `lookup_wait_ms`, and is asked
-            # again on a later step.
-            if self._step_wait_left <= 0:
-                return False
-            waited = time.monotonic()
-            wait([state.lookup], timeout=self._step_wait_left)
-            self._step_wait_left -= time.monotonic() - waited
+            if not admit and self._inline_ok():
+                state.lookup = self._lookup_inline(keys, limit, state.admitted_upto)
+            else:
+                state.lookup = self._pool.submit(
+                    self._timed_lookup, keys, limit, admit, state.admitted_upto
+                )
+                # A fast store answers within this step; a slow or dead one costs the
+                # whole step (all its requests together) at most `lookup_wait_ms`, and
+                # is asked again on a later step.
+                if self._step_wait_left <= 0:
+                    return False
+                waited = time.monotonic()
+                wait([state.lookup], timeout=self._step_wait_left)
+                self._step_wait_left -= time.monotonic() - waited
         future: Future[tuple[int, int | None]] = state.lookup
         if not future.done():
             if time.monotonic() - state.lookup_started < self.config.metadata.timeout_s:
@@ -480,7 +552,7 @@ class SchedulerSide:
                 state.lookup, state.hit_blocks = None, None
         meta = Hf3fsctlConnectorMetadata(loads=self._pending_loads, saves=self._plan_saves(output))
         self._pending_loads = []
-        self._step_wait_left = self.config.connector.lookup_wait_ms / 1000.0  # a new step
+        self._step_wait_left = self._wait_s  # a new step
         for req_id in output.finished_req_ids:
             self._requests.pop(req_id, None)
             self._saved_all.discard(req_id)

@@ -50,6 +50,11 @@ class MetadataGuard:
         """How long the service is considered down after a failure."""
         return self._config.metadata.retry_backoff_s
 
+    @property
+    def is_open(self) -> bool:
+        """Whether the client has been opened (a call would not open it first)."""
+        return self._client is not None
+
     def available(self) -> bool:
         """False while the service is marked down."""
         return time.monotonic() >= self._down_until

@@ -9,10 +9,13 @@ Contract (beyond `hf3fsctl.storage.engine.IOEngine`):
       (write) iovec, which touches only the unused tail of a slot, never a neighbour page.
     * A batch is split into tasks of at most ``max_task_bytes`` (and about ``io_threads``
       of them, but none below ``MIN_TASK_BYTES``, 2 MiB) run on a thread pool (the calls
-      release the GIL, and so does xxhash); a single-task batch runs in the calling
-      thread, so a call of a few small pages never wakes a thread. With a pool, the
-      checksums of a write task of at least ``MIN_TASK_BYTES`` are computed by another
-      thread while its bytes are written; a smaller task checksums its pages itself.
+      release the GIL, and so does xxhash); tasks go to threads in shares of at least
+      ``MIN_TASK_BYTES`` (runs of pages that are not adjacent in the file are separate
+      tasks, but not separate shares), and a batch of one share runs in the calling
+      thread, so a call of a few small pages never wakes a thread, adjacent or not.
+      With a pool, the checksums of a write task of at least ``MIN_TASK_BYTES`` are
+      computed by another thread while its bytes are written; a smaller task checksums
+      its pages itself.
     * Short transfers are resumed; end of file leaves the uncovered pages "short". An
       error in a multi-page call is retried page by page so it is attributed exactly.
     * With ``o_direct``, a task uses the file's O_DIRECT descriptor only when every buffer
@@ -75,16 +78,24 @@ class _Op:
     view: memoryview  # exactly the bytes to transfer (the first piece when scattered)
     expected: str | None = None
     pieces: list[memoryview] | None = None  # a scattered read: these, in order, are the page
+    nbytes: int = -1  # bytes this op moves (set with `scatter`; else the view's length)
+
+    def __post_init__(self) -> None:
+        if self.nbytes < 0:
+            self.nbytes = len(self.view)
+
+    def scatter(self, pieces: list[memoryview], nbytes: int) -> None:
+        """Move the page through `pieces` (`nbytes` in all) instead of one view."""
+        self.view, self.pieces, self.nbytes = pieces[0], pieces, nbytes
 
     @property
     def views(self) -> list[memoryview]:
         """The buffers the page's bytes go to or come from, in file order."""
         return [self.view] if self.pieces is None else self.pieces
 
-    @property
-    def nbytes(self) -> int:
-        """Bytes this op moves."""
-        return len(self.view) if self.pieces is None else sum(len(p) for p in self.pieces)
+
+# One task as a thread runs it: the task's pages and their results.
+_Job = Callable[[], list[tuple[_Op, PageResult]]]
 
 
 def _byte_view(buffer: Buffer) -> memoryview:
@@ -187,7 +198,7 @@ class PosixEngine:
                     problem = "a read piece is read-only"
                 results[op.index] = _failed(op.page, ERROR_BOUNDS, problem)
                 continue
-            op.view, op.pieces = views[0], views
+            op.scatter(views, total)
             kept.append(op)
         self._run(file, kept, results, reading=True, checksums=False)
         return _finish(results)
@@ -293,18 +304,34 @@ class PosixEngine:
         # hiding its cost; a small one is cheaper to checksum than to hand over.
         can_split = not reading and checksums and self._pool is not None
         digests: dict[int, str] = {}
-        jobs: list[Callable[[], list[tuple[_Op, PageResult]]]] = []
+        # What one thread runs: tasks of at least MIN_TASK_BYTES together (a step's
+        # scattered small pages are many tasks; each hand-off costs more than moving them).
+        shares: list[list[_Job]] = []
+        small: list[_Job] = []  # the share being filled with small tasks
+        small_bytes = 0
         for task in tasks:
-            split = can_split and sum(op.nbytes for op in task) >= MIN_TASK_BYTES
-            jobs.append(functools.partial(self._task, file, task, reading, checksums and not split))
-            if split:
-                jobs.append(functools.partial(_checksum_task, task, digests))
-        if self._pool is None or len(jobs) == 1:
-            outcomes = [job() for job in jobs]
+            nbytes = sum(op.nbytes for op in task)
+            split = can_split and nbytes >= MIN_TASK_BYTES
+            job = functools.partial(self._task, file, task, reading, checksums and not split)
+            if split:  # a big write and its checksum: on two threads at once
+                shares += [[job], [functools.partial(_checksum_task, task, digests)]]
+                continue
+            if not small:
+                shares.append(small)
+            small.append(job)
+            small_bytes += nbytes
+            if small_bytes >= MIN_TASK_BYTES:
+                small, small_bytes = [], 0
+        if small and small_bytes < MIN_TASK_BYTES and len(shares) > 1:
+            shares = [share for share in shares if share is not small]  # too short alone:
+            shares[0] += small  # it joins the first share
+        if self._pool is None or len(shares) == 1:
+            outcomes = [job() for share in shares for job in share]
         else:
-            futures = [self._pool.submit(job) for job in jobs[1:]]
-            outcomes = [jobs[0]()]
-            outcomes.extend(future.result() for future in futures)
+            futures = [self._pool.submit(_run_share, share) for share in shares[1:]]
+            outcomes = [job() for job in shares[0]]
+            for future in futures:
+                outcomes.extend(future.result())
         for outcome in outcomes:
             for op, result in outcome:
                 if result.ok and op.index in digests:
@@ -386,6 +413,11 @@ class PosixEngine:
                 digest = page_checksum(op.view) if checksums and not reading else None
                 out.append((op, PageResult(op.page, True, None, digest)))
         return out
+
+
+def _run_share(share: list[_Job]) -> list[list[tuple[_Op, PageResult]]]:
+    """One thread's tasks, in turn."""
+    return [job() for job in share]
 
 
 def _checksum_task(ops: list[_Op], digests: dict[int, str]) -> list[tuple[_Op, PageResult]]:

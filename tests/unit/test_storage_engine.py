@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import os
 import random
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -71,6 +72,31 @@ def test_results_come_back_in_request_order(tmp_path: Path, engine: PosixEngine)
     with _page_file(tmp_path, 4096) as file:
         results = engine.write_pages(file, pages, [bytes([p]) * 4096 for p in pages])
     assert [r.page for r in results] == pages
+
+
+def test_small_pages_that_are_not_adjacent_never_wake_a_thread(tmp_path: Path) -> None:
+    # Four runs of pages apart in the file are four tasks, but far less than one
+    # thread's share (MIN_TASK_BYTES): the calling thread moves them all.
+    page_bytes = 64 * 1024
+    pages = [0, 1, 2, 10, 20, 21, 30]
+    data = _random_pages(random.Random(7), len(pages), page_bytes)
+
+    def io_threads() -> int:
+        return sum(t.name.startswith("hf3fs-io") for t in threading.enumerate())
+
+    before = io_threads()
+    with _page_file(tmp_path, page_bytes) as file, PosixEngine(io_threads=16) as engine:
+        written = engine.write_pages(file, pages, data)
+        out = [bytearray(page_bytes) for _ in pages]
+        read = engine.read_pages(file, pages, out, expected=[w.checksum for w in written])
+        scattered = [[bytearray(page_bytes // 2), bytearray(page_bytes // 2)] for _ in pages]
+        pieces = engine.read_pages_scattered(
+            file, pages, scattered, expected=[w.checksum for w in written]
+        )
+        woken = io_threads() - before
+    assert all(r.ok for r in written + read + pieces)
+    assert [bytes(b) for b in out] == data == [bytes(a + b) for a, b in scattered]
+    assert woken == 0
 
 
 def test_write_checksum_is_of_the_bytes_written(tmp_path: Path, engine: PosixEngine) -> None:
