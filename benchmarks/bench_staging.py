@@ -25,6 +25,12 @@ trip through the POSIX engine on local disk (`--roundtrip-blocks 0` skips it).
 GB/s is the batch's bytes (one direction) over the median time (CUDA events, warm-up
 first). On a CPU-only machine the same variants run on CPU tensors with small sizes.
 
+One block (`one_block` in the JSON; `--only-one-block` runs nothing else): for every
+geometry, the public `gather_blocks` / `scatter_blocks` call with a list of ids (what the
+connector makes) against a pinned `copy_` of the same bytes, sampled in interleaved rounds
+(so drift hits both alike), the ratio of medians; and the host CPU time of one call
+(thread time of back-to-back calls, no waiting).
+
     python benchmarks/bench_staging.py                    # table
     python benchmarks/bench_staging.py --json             # one JSON document on stdout
     python benchmarks/bench_staging.py --out result.json  # table, and the JSON to a file
@@ -51,7 +57,9 @@ from hf3fsctl.staging import (  # noqa: E402
     KVSegment,
     _CompiledOps,
     _TorchOps,
+    gather_blocks,
     load_compiled_ops,
+    scatter_blocks,
 )
 
 GB = 1e9
@@ -211,6 +219,83 @@ def _roundtrip(seg: KVSegment, n: int, device: str, root: Path) -> dict[str, flo
     return result
 
 
+def _event_seconds(fn: Callable[[], None]) -> float:
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    fn()
+    end.record()
+    end.synchronize()
+    return float(start.elapsed_time(end)) / 1000
+
+
+def _host_us(fn: Callable[[], None], calls: int = 200) -> float:
+    """Host CPU µs of one call: thread time of back-to-back calls (the GPU drains later)."""
+    fn()
+    torch.cuda.synchronize()
+    t0 = time.thread_time()
+    for _ in range(calls):
+        fn()
+    spent = time.thread_time() - t0
+    torch.cuda.synchronize()
+    return spent / calls * 1e6
+
+
+def _one_block(doc: dict[str, Any], args: argparse.Namespace, generator: torch.Generator) -> None:
+    """One block per geometry: the public call vs a pinned copy of its bytes, interleaved."""
+    geometries = {"llama8b-bf16-LBNHC": (32, 65536, "layer_outer", "default geometry")}
+    geometries.update(GEOMETRIES)
+    doc["one_block"] = []
+    for name, (layers, page, layout, _) in geometries.items():
+        doc["one_block"].append(_one_block_row(name, layers, page, layout, args, generator))
+        torch.cuda.empty_cache()
+
+
+def _one_block_row(
+    name: str, layers: int, page: int, layout: str, args: argparse.Namespace,
+    generator: torch.Generator,
+) -> dict[str, Any]:  # fmt: skip
+    block_bytes = layers * page
+    seg = _segment(layers, page, layout, max(64, (1 << 30) // block_bytes), "cuda")
+    block = int(torch.randint(seg.num_blocks, (1,), generator=generator))
+    table = torch.empty(1, block_bytes, dtype=torch.uint8, pin_memory=True).random_(0, 256)
+    flat = torch.empty(block_bytes, dtype=torch.uint8, pin_memory=True).random_(0, 256)
+    dev = torch.empty(block_bytes, dtype=torch.uint8, device="cuda").random_(0, 256)
+    segs, ids = [seg], [block]
+    fns: dict[str, tuple[Callable[[], None], Callable[[], None]]] = {
+        "copy": (lambda: flat.copy_(dev, non_blocking=True),
+                 lambda: dev.copy_(flat, non_blocking=True)),
+        "call": (lambda: gather_blocks(segs, ids, table),
+                 lambda: scatter_blocks(segs, ids, table)),
+    }  # fmt: skip
+    samples: dict[str, list[float]] = {f"{v}/{op}": [] for v in fns for op in ("g", "s")}
+    for round_ in range(args.one_block_rounds + 5):
+        for variant, pair in fns.items():
+            for op, fn in zip(("g", "s"), pair, strict=True):
+                seconds = _event_seconds(fn)
+                if round_ >= 5:  # warm-up rounds
+                    samples[f"{variant}/{op}"].append(seconds)
+    median = {k: statistics.median(v) * 1e6 for k, v in samples.items()}
+    row: dict[str, Any] = {"geometry": name, "bytes": block_bytes, "layout": layout,
+                           "median_us": median}  # fmt: skip
+    for variant in fns:
+        if variant != "copy":
+            row[f"{variant}_over_copy"] = {
+                "gather": median[f"{variant}/g"] / median["copy/g"],
+                "scatter": median[f"{variant}/s"] / median["copy/s"],
+            }
+
+    def pinned_query() -> None:
+        table.is_pinned()
+
+    row["host_us"] = {
+        "copy_gather": _host_us(fns["copy"][0]),
+        "call_gather": _host_us(fns["call"][0]),
+        "call_scatter": _host_us(fns["call"][1]),
+        "is_pinned": _host_us(pinned_query),
+    }
+    return row
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Run every variant for every batch size; returns the JSON document."""
     device = "cuda" if torch.cuda.is_available() and args.device != "cpu" else "cpu"
@@ -237,6 +322,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     }
     variants = _variants(seg, device, devices)
     generator = torch.Generator().manual_seed(0)
+    if device == "cuda" and "cuda" in devices and args.one_block_rounds:
+        _one_block(doc, args, generator)
+    if args.only_one_block:
+        return doc
     for n in args.blocks:
         nbytes = n * seg.page_bytes
         blocks = torch.randperm(args.cache_blocks, generator=generator)[:n].tolist()
@@ -334,6 +423,20 @@ def _print_table(doc: dict[str, Any]) -> None:
         )  # fmt: skip
     console = Console(stderr=True, width=170)
     console.print(table)
+    if doc.get("one_block"):
+        one = Table(title="one block: public call (list of ids) / pinned copy, same run")
+        for column in ("geometry", "KiB", "copy µs g/s", "call µs g/s", "call/copy g/s",
+                       "host µs copy/call"):  # fmt: skip
+            one.add_column(column, justify="right")
+        for r in doc["one_block"]:
+            m, h = r["median_us"], r["host_us"]
+            one.add_row(
+                r["geometry"], f"{r['bytes'] / 1024:.0f}",
+                f"{m['copy/g']:.1f} / {m['copy/s']:.1f}", f"{m['call/g']:.1f} / {m['call/s']:.1f}",
+                f"{r['call_over_copy']['gather']:.2f} / {r['call_over_copy']['scatter']:.2f}",
+                f"{h['copy_gather']:.1f} / {h['call_gather']:.1f}",
+            )  # fmt: skip
+        console.print(one)
     console.print({"ceilings_gbps": doc["ceilings"], "roundtrip": doc.get("roundtrip")})
 
 
@@ -358,6 +461,13 @@ def main(argv: list[str] | None = None) -> int:
         "--chunk-sweep", type=int, nargs="*", default=[],
         help="also time these kernel chunk sizes (bytes per thread block) on --geometries",
     )  # fmt: skip
+    parser.add_argument(
+        "--one-block-rounds", type=int, default=300,
+        help="interleaved samples per variant of the one-block comparison (GPU; 0: skip it)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--only-one-block", action="store_true", help="the one-block comparison alone"
+    )
     parser.add_argument("--json", action="store_true", help="one JSON document on stdout")
     parser.add_argument("--out", type=Path, default=None, help="also write the JSON here")
     args = parser.parse_args(argv)

@@ -39,6 +39,7 @@ import logging
 import os
 import threading
 import time
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -123,20 +124,53 @@ def total_page_bytes(segments: Sequence[KVSegment]) -> int:
     return sum(s.page_bytes for s in segments)
 
 
+BlockIds = Sequence[int] | torch.Tensor
+
+
 class _StagingOps(Protocol):
+    """One gather/scatter implementation. Both calls check the table (`_check_batch`'s
+    ValueErrors) and the block ids (IndexError) before they move a byte."""
+
     name: str
 
     def gather(
-        self, segments: Sequence[KVSegment], block_ids: torch.Tensor, out: torch.Tensor
+        self, segments: Sequence[KVSegment], block_ids: BlockIds, out: torch.Tensor
     ) -> None: ...
 
     def scatter(
-        self, segments: Sequence[KVSegment], block_ids: torch.Tensor, src: torch.Tensor
+        self, segments: Sequence[KVSegment], block_ids: BlockIds, src: torch.Tensor
     ) -> None: ...
 
 
 def _on_host(segments: Sequence[KVSegment], table: torch.Tensor) -> bool:
     return table.device.type == "cpu" and all(s.buffer.device.type == "cpu" for s in segments)
+
+
+def _as_index(block_ids: BlockIds) -> torch.Tensor:
+    if isinstance(block_ids, torch.Tensor):
+        return block_ids.to(torch.long)
+    return torch.tensor(list(block_ids), dtype=torch.long)
+
+
+def _id_list(block_ids: BlockIds) -> list[int]:
+    """Block ids as the ops' `int[]` argument (a device tensor costs one synchronisation)."""
+    if isinstance(block_ids, torch.Tensor):
+        if block_ids.dim() != 1:
+            raise ValueError(f"block_ids must be 1-D, got {block_ids.dim()} dims")
+        return block_ids.tolist()
+    return [int(b) for b in block_ids]
+
+
+def _check_batch(segments: Sequence[KVSegment], n: int, tensor: torch.Tensor, what: str) -> None:
+    if not segments:
+        raise ValueError("no KV cache segments")
+    page = total_page_bytes(segments)
+    if tensor.dtype != torch.uint8 or tuple(tensor.shape) != (n, page):
+        raise ValueError(
+            f"{what} must be uint8 [{n}, {page}], got {tensor.dtype} {tuple(tensor.shape)}"
+        )
+    if not tensor.is_contiguous():
+        raise ValueError(f"{what} must be contiguous")
 
 
 def _copy_host_pages(
@@ -167,9 +201,11 @@ class _TorchOps:
 
     name = "torch"
 
-    def gather(
-        self, segments: Sequence[KVSegment], block_ids: torch.Tensor, out: torch.Tensor
-    ) -> None:
+    def gather(self, segments: Sequence[KVSegment], block_ids: BlockIds, out: torch.Tensor) -> None:
+        block_ids = _as_index(block_ids)
+        _check_batch(segments, int(block_ids.numel()), out, "out")
+        if not block_ids.numel():
+            return
         if _on_host(segments, out):
             _copy_host_pages(segments, block_ids, out, gather=True)
             return
@@ -186,8 +222,12 @@ class _TorchOps:
             column += seg.page_bytes
 
     def scatter(
-        self, segments: Sequence[KVSegment], block_ids: torch.Tensor, src: torch.Tensor
+        self, segments: Sequence[KVSegment], block_ids: BlockIds, src: torch.Tensor
     ) -> None:
+        block_ids = _as_index(block_ids)
+        _check_batch(segments, int(block_ids.numel()), src, "src")
+        if not block_ids.numel():
+            return
         if _on_host(segments, src):
             _copy_host_pages(segments, block_ids, src, gather=False)
             return
@@ -207,16 +247,58 @@ class _TorchOps:
 # cudaMemcpyAsync). Chosen by measurement: see docs/staging-ops.md.
 HOST_TRANSFER = "zero_copy"
 _OP_NAMES = ("hf3fsctl::gather_pages", "hf3fsctl::scatter_pages")
+_PLAN_CACHE_SIZE = 64  # segment lists remembered per _CompiledOps (one per KV cache, usually)
+
+# One segment's `geometry` argument to the ops: offset, layer stride, block stride, layers,
+# blocks, page size, column (registration.cpp).
+_Geometry = tuple[int, int, int, int, int, int, int]
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """What a call over one list of segments needs, worked out once per list.
+
+    Attributes:
+        segments: weak references to the segments: the plan is theirs while they live
+            (its key is their ids), and it keeps no KV cache alive.
+        page_bytes: bytes of one staging row (every layer of every segment).
+        device: the segments' device.
+        cuda: the segments are CUDA tensors.
+        fallback: why these segments take the torch path (None: the compiled ops).
+        geometries: per segment, the ops' `geometry` argument.
+    """
+
+    segments: tuple[weakref.ref[KVSegment], ...]
+    page_bytes: int
+    device: torch.device
+    cuda: bool
+    fallback: str | None
+    geometries: tuple[_Geometry, ...]
+
+    def serves(self, segments: Sequence[KVSegment]) -> bool:
+        """Whether this plan was made for these very segments (ids can be reused)."""
+        refs = self.segments
+        if len(refs) != len(segments):
+            return False
+        # Lengths checked; a loop rather than all(<generator>): this runs on every call.
+        for ref, seg in zip(refs, segments):  # noqa: B905, SIM110
+            if ref() is not seg:
+                return False
+        return True
 
 
 class _CompiledOps:
     """The csrc/ ops: one copy-engine call or kernel launch (CPU: one parallel loop) per
     segment per batch.
 
-    Block ids stay on the host: the op range-checks them there and hands a CUDA kernel up to
-    512 of them by value (no H2D copy, no synchronisation); a single block is one
-    cudaMemcpy2DAsync. Tensors on a device the library was not built for, and pageable host
-    staging next to a CUDA cache, take the torch path.
+    Block ids travel as a host list (`int[]`): the op range-checks them and hands a CUDA
+    kernel up to 512 of them by value (no index tensor, no H2D copy, no synchronisation); a
+    single block is one cudaMemcpy2DAsync (or cudaMemcpyAsync) straight from the host
+    pointer, pinned or pageable. What depends on the segments alone (page bytes, device,
+    the op arguments) is worked out once per segment list (`_Plan`); a call checks only its
+    table and ids, and asks nothing about the memory (no `is_pinned`). Tensors on a device
+    the library was not built for take the torch path, and so does pageable host staging of
+    several blocks next to a CUDA cache (the op raises NotImplementedError before a copy).
     """
 
     name = "compiled"
@@ -228,59 +310,106 @@ class _CompiledOps:
         self.host_transfer = host_transfer
         self._fallback = _TorchOps()
         self._warned: set[str] = set()
+        self._plans: dict[tuple[int, ...], _Plan] = {}
+        self._gather_op: Any = None  # the ops' overloads, looked up on first use
+        self._scatter_op: Any = None
 
-    def _supported(self, segments: Sequence[KVSegment], table: torch.Tensor) -> bool:
+    def _resolve_ops(self) -> tuple[Any, Any]:
+        # The overloads' C++ callables where torch exposes them (`OpOverload.__call__` is
+        # only `self._op(...)`: one Python frame less per call), else the overloads.
+        gather = torch.ops.hf3fsctl.gather_pages.default
+        scatter = torch.ops.hf3fsctl.scatter_pages.default
+        self._gather_op = getattr(gather, "_op", gather)
+        self._scatter_op = getattr(scatter, "_op", scatter)
+        return self._gather_op, self._scatter_op
+
+    def _plan(self, segments: Sequence[KVSegment]) -> _Plan:
+        key = tuple(map(id, segments))
+        plan = self._plans.get(key)
+        if plan is not None and plan.serves(segments):
+            return plan
+        if not segments:
+            raise ValueError("no KV cache segments")
         device = segments[0].buffer.device
-        if device.type not in self.devices or any(seg.buffer.device != device for seg in segments):
-            reason = f"{device.type} tensors"
-        elif device.type == "cuda" and table.device.type == "cpu" and not table.is_pinned():
+        fallback = None
+        if device.type not in self.devices or any(s.buffer.device != device for s in segments):
+            fallback = f"{device.type} tensors"
+        geometries, column = [], 0
+        for seg in segments:
+            geometries.append((seg.offset, seg.layer_stride, seg.block_stride, seg.num_layers,
+                               seg.num_blocks, seg.page_size, column))  # fmt: skip
+            column += seg.page_bytes
+        refs = tuple(weakref.ref(seg) for seg in segments)
+        plan = _Plan(refs, column, device, device.type == "cuda", fallback, tuple(geometries))
+        if len(self._plans) >= _PLAN_CACHE_SIZE:
+            self._plans.clear()
+        self._plans[key] = plan
+        return plan
+
+    def _torch_path(self, plan: _Plan, table: torch.Tensor, pageable: bool = False) -> bool:
+        """Whether this call takes the torch path (logged once per reason)."""
+        if pageable:
             reason = "pageable host staging"
-        elif device.type == "cpu" and table.device.type != "cpu":
-            reason = f"{table.device.type} staging beside a cpu cache"
+        elif plan.fallback is not None:
+            reason = plan.fallback
+        elif plan.cuda or table.is_cpu:
+            return False
         else:
-            return True
+            reason = f"{table.device.type} staging beside a cpu cache"
         if reason not in self._warned:
             self._warned.add(reason)
             logger.info("staging gather/scatter: torch path for %s", reason)
-        return False
+        return True
 
-    def gather(
-        self, segments: Sequence[KVSegment], block_ids: torch.Tensor, out: torch.Tensor
-    ) -> None:
-        if not self._supported(segments, out):
-            self._fallback.gather(segments, block_ids, out)
+    def gather(self, segments: Sequence[KVSegment], block_ids: BlockIds, out: torch.Tensor) -> None:
+        plan = self._plan(segments)
+        ids = block_ids if type(block_ids) is list else _id_list(block_ids)
+        if out.dtype != torch.uint8 or out.shape != (len(ids), plan.page_bytes):
+            _check_batch(segments, len(ids), out, "out")
+        if not out.is_contiguous():
+            raise ValueError("out must be contiguous")
+        if self._torch_path(plan, out):
+            self._fallback.gather(segments, ids, out)
             return
-        ids = block_ids  # host ids are checked by the op (IndexError), never copied here
-        device = segments[0].buffer.device
-        bounce = self.host_transfer == "bounce" and device.type == "cuda" and not out.is_cuda
-        table = torch.empty(out.shape, dtype=torch.uint8, device=device) if bounce else out
-        column = 0
-        for seg in segments:
-            torch.ops.hf3fsctl.gather_pages(
-                seg.buffer, table, ids, seg.offset, seg.layer_stride, seg.block_stride,
-                seg.num_layers, seg.num_blocks, seg.page_size, column,
-            )  # fmt: skip
-            column += seg.page_bytes
+        if not ids:
+            return
+        bounce = self.host_transfer == "bounce" and plan.cuda and not out.is_cuda
+        table = torch.empty(out.shape, dtype=torch.uint8, device=plan.device) if bounce else out
+        op = self._gather_op or self._resolve_ops()[0]
+        try:
+            for seg, geometry in zip(segments, plan.geometries, strict=True):
+                op(seg.buffer, table, ids, geometry)
+        except NotImplementedError:  # pageable staging, several blocks: raised before a copy
+            self._torch_path(plan, out, pageable=True)
+            self._fallback.gather(segments, ids, out)
+            return
         if bounce:
             out.copy_(table, non_blocking=True)
 
     def scatter(
-        self, segments: Sequence[KVSegment], block_ids: torch.Tensor, src: torch.Tensor
+        self, segments: Sequence[KVSegment], block_ids: BlockIds, src: torch.Tensor
     ) -> None:
-        if not self._supported(segments, src):
-            self._fallback.scatter(segments, block_ids, src)
+        plan = self._plan(segments)
+        ids = block_ids if type(block_ids) is list else _id_list(block_ids)
+        if src.dtype != torch.uint8 or src.shape != (len(ids), plan.page_bytes):
+            _check_batch(segments, len(ids), src, "src")
+        if not src.is_contiguous():
+            raise ValueError("src must be contiguous")
+        if self._torch_path(plan, src):
+            self._fallback.scatter(segments, ids, src)
             return
-        ids = block_ids
-        device = segments[0].buffer.device
-        if self.host_transfer == "bounce" and device.type == "cuda" and not src.is_cuda:
-            src = src.to(device, non_blocking=True)
-        column = 0
-        for seg in segments:
-            torch.ops.hf3fsctl.scatter_pages(
-                seg.buffer, src, ids, seg.offset, seg.layer_stride, seg.block_stride,
-                seg.num_layers, seg.num_blocks, seg.page_size, column,
-            )  # fmt: skip
-            column += seg.page_bytes
+        if not ids:
+            return
+        table = src
+        if self.host_transfer == "bounce" and plan.cuda and not src.is_cuda:
+            table = src.to(plan.device, non_blocking=True)
+        op = self._scatter_op or self._resolve_ops()[1]
+        try:
+            for seg, geometry in zip(segments, plan.geometries, strict=True):
+                op(seg.buffer, table, ids, geometry)
+        except NotImplementedError:  # pageable staging, several blocks: raised before a copy
+            self._torch_path(plan, src, pageable=True)
+            self._fallback.scatter(segments, ids, src)
 
 
 def _compiled_devices() -> frozenset[str]:
@@ -354,58 +483,35 @@ def _ops() -> _StagingOps:
     return _ACTIVE_OPS
 
 
-def _as_index(block_ids: Sequence[int] | torch.Tensor) -> torch.Tensor:
-    if isinstance(block_ids, torch.Tensor):
-        return block_ids.to(torch.long)
-    return torch.tensor(list(block_ids), dtype=torch.long)
-
-
-def _check_batch(segments: Sequence[KVSegment], n: int, tensor: torch.Tensor, what: str) -> None:
-    if not segments:
-        raise ValueError("no KV cache segments")
-    page = total_page_bytes(segments)
-    if tensor.dtype != torch.uint8 or tuple(tensor.shape) != (n, page):
-        raise ValueError(
-            f"{what} must be uint8 [{n}, {page}], got {tensor.dtype} {tuple(tensor.shape)}"
-        )
-    if not tensor.is_contiguous():
-        raise ValueError(f"{what} must be contiguous")
-
-
-def gather_blocks(
-    segments: Sequence[KVSegment],
-    block_ids: Sequence[int] | torch.Tensor,
-    out: torch.Tensor,
-) -> None:
+def gather_blocks(segments: Sequence[KVSegment], block_ids: BlockIds, out: torch.Tensor) -> None:
     """Copy the pages of `block_ids` (all layers) from the KV cache into `out`.
 
     Args:
         segments: the KV cache segments (usually one).
-        block_ids: blocks to copy, in the order their pages go into `out`.
+        block_ids: blocks to copy, in the order their pages go into `out` (a list is the
+            cheapest form; a device tensor costs a synchronisation).
         out: contiguous uint8 `[len(block_ids), total_page_bytes(segments)]`.
+
+    Raises:
+        ValueError: no segments, or `out` has the wrong dtype, shape or layout.
+        IndexError: a block id is outside the cache.
     """
-    ids = _as_index(block_ids)
-    _check_batch(segments, int(ids.numel()), out, "out")
-    if ids.numel():
-        _ops().gather(segments, ids, out)
+    (_ACTIVE_OPS or _ops()).gather(segments, block_ids, out)
 
 
-def scatter_blocks(
-    segments: Sequence[KVSegment],
-    block_ids: Sequence[int] | torch.Tensor,
-    src: torch.Tensor,
-) -> None:
+def scatter_blocks(segments: Sequence[KVSegment], block_ids: BlockIds, src: torch.Tensor) -> None:
     """Copy pages from `src` into the KV cache blocks `block_ids`; nothing else is written.
 
     Args:
         segments: the KV cache segments (usually one).
         block_ids: destination blocks, one per row of `src` (no duplicates).
         src: contiguous uint8 `[len(block_ids), total_page_bytes(segments)]`.
+
+    Raises:
+        ValueError: no segments, or `src` has the wrong dtype, shape or layout.
+        IndexError: a block id is outside the cache.
     """
-    ids = _as_index(block_ids)
-    _check_batch(segments, int(ids.numel()), src, "src")
-    if ids.numel():
-        _ops().scatter(segments, ids, src)
+    (_ACTIVE_OPS or _ops()).scatter(segments, block_ids, src)
 
 
 def page_pieces(segments: Sequence[KVSegment], block_ids: Sequence[int]) -> list[list[memoryview]]:

@@ -8,8 +8,12 @@
 #
 # Python packages the image lacks travel as wheels in .whl/ (pydantic and its deps: the
 # core config and metadata models need it; see docs/staging-ops.md).
-# Usage (repository root): bash scripts/device_run.sh [quick|tests]
-#   quick: the benchmark at 1 and 64 blocks only; tests: no benchmark at all.
+# Usage (repository root): bash scripts/device_run.sh [quick|tests|ab]
+#   quick: the benchmark at 1 and 64 blocks only; tests: no benchmark at all;
+#   ab: quick, plus the one-block comparison (public call / pinned copy per page size)
+#   of an earlier checkout carried in build/ab-before/ (its hf3fsctl/ and this
+#   benchmarks/bench_staging.py; carry it), each in its own process: before, after, before,
+#   after, in one session.
 set -uo pipefail
 OUT=${OUT:-/tmp/hf3fsctl-device-run}
 mkdir -p "$OUT"
@@ -36,6 +40,10 @@ echo "== build"
 OPS=/tmp/ops-cuda
 "$PY" -m hf3fsctl.ops.build --cpu --out /tmp/ops-cpu --force > "$OUT/build.log" 2>&1 &
 "$PY" -m hf3fsctl.ops.build --cpu --no-openmp --out /tmp/ops-cpu-serial --force >> "$OUT/build.log" 2>&1 &
+if [ "${1:-}" = ab ]; then
+  (cd build/ab-before && PYTHONPATH=/tmp/site:$REPO/build/ab-before \
+    "$PY" -m hf3fsctl.ops.build --cuda --out /tmp/ops-before --force > "$OUT/build-before.log" 2>&1) &
+fi
 if ! "$PY" -m hf3fsctl.ops.build --cuda --out $OPS --force >> "$OUT/build.log" 2>&1; then
   echo "BUILD FAILED"; tail -30 "$OUT/build.log"; status=1
 fi
@@ -62,7 +70,8 @@ echo "== tests (by path: other areas' tests need what this machine lacks)"
 
 if [ "${1:-}" = tests ]; then
   echo "== benchmark skipped"
-elif [ "${1:-}" = quick ]; then bench_args=(--blocks 1 64 --roundtrip-blocks 0); else
+elif [ "${1:-}" = quick ]; then bench_args=(--blocks 1 64 --roundtrip-blocks 0)
+elif [ "${1:-}" = ab ]; then bench_args=(--blocks 1 64 --roundtrip-blocks 0); else
   bench_args=(--chunk-sweep 16384 65536 --roundtrip-blocks 64); fi
 [ "${1:-}" = tests ] || "$PY" benchmarks/bench_staging.py --out "$OUT/bench.json" --storage-dir /tmp "${bench_args[@]}" \
   > "$OUT/bench.log" 2>&1 || status=1
@@ -79,6 +88,28 @@ for r in doc["results"]:
           f"{r['gbps']:.1f}", f"{r['gbps'] / pcie:.2f}", f"{pcie / r['gbps']:.2f}")
 print("roundtrip", doc.get("roundtrip"))
 EOF
+
+if [ "${1:-}" = ab ]; then
+  echo "== one block, each its own process: before, after, before, after"
+  grep -E "^built|error" "$OUT/build-before.log"
+  for i in 1 2; do
+    HF3FSCTL_OPS_LIB=/tmp/ops-before/_ops.so PYTHONPATH=/tmp/site:$REPO/build/ab-before "$PY" \
+      build/ab-before/benchmarks/bench_staging.py --only-one-block --out "$OUT/one-before$i.json" \
+      > "$OUT/one-before$i.log" 2>&1 || status=1
+    "$PY" benchmarks/bench_staging.py --only-one-block --out "$OUT/one-after$i.json" \
+      > "$OUT/one-after$i.log" 2>&1 || status=1
+  done
+  "$PY" - "$OUT" <<'EOF' || status=1
+import json, sys
+print("run geometry KiB | copy_us g/s | call_us g/s | call/copy g/s | host_us copy/call_g/call_s/is_pinned")
+for label in ("before1", "after1", "before2", "after2"):
+    for r in json.load(open(f"{sys.argv[1]}/one-{label}.json")).get("one_block", []):
+        m, c, h = r["median_us"], r["call_over_copy"], r["host_us"]
+        print(label, r["geometry"], r["bytes"] // 1024, f"| {m['copy/g']:.1f}/{m['copy/s']:.1f}",
+              f"| {m['call/g']:.1f}/{m['call/s']:.1f}", f"| {c['gather']:.2f}/{c['scatter']:.2f}",
+              f"| {h['copy_gather']:.1f}/{h['call_gather']:.1f}/{h['call_scatter']:.1f}/{h['is_pinned']:.1f}")
+EOF
+fi
 
 if ls .wheelcheck/*.whl > /dev/null 2>&1; then
   echo "== wheel: install, build-ops from the installed package, GPU tests against that build"

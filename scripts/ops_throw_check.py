@@ -15,8 +15,7 @@ torch.ops.load_library(sys.argv[1])
 device = sys.argv[2]
 cache = torch.zeros(1024, dtype=torch.uint8, device=device)
 out = torch.zeros(2, 64, dtype=torch.uint8, device=device)
-ids = torch.tensor([0, 1], device=device)
 try:
-    torch.ops.hf3fsctl.gather_pages(cache, out, ids, 0, 512, 32, 2, 16, 32, 1)
+    torch.ops.hf3fsctl.gather_pages(cache, out, [0, 1], [0, 512, 32, 2, 16, 32, 1])
 except (ValueError, RuntimeError) as exc:
     print(f"raised {type(exc).__name__}: {str(exc).splitlines()[0]}")

@@ -5,6 +5,9 @@ The session builds the CPU op once (~12 s on 2 cores) unless a library is alread
 
 from __future__ import annotations
 
+import gc
+import weakref
+
 import pytest
 import torch
 from helpers.staging_builders import (
@@ -50,11 +53,10 @@ ID_DTYPE_IDS = ["int64", "int32"]
 BLOCKS = [4, 0, 2]  # unsorted, non-contiguous
 
 
-def _gather_op(seg: KVSegment, ids: torch.Tensor, out: torch.Tensor, column: int = 0) -> None:
-    torch.ops.hf3fsctl.gather_pages(
-        seg.buffer, out, ids, seg.offset, seg.layer_stride, seg.block_stride,
-        seg.num_layers, seg.num_blocks, seg.page_size, column,
-    )  # fmt: skip
+def _gather_op(seg: KVSegment, ids: list[int], out: torch.Tensor, column: int = 0) -> None:
+    geometry = [seg.offset, seg.layer_stride, seg.block_stride, seg.num_layers,
+                seg.num_blocks, seg.page_size, column]  # fmt: skip
+    torch.ops.hf3fsctl.gather_pages(seg.buffer, out, ids, geometry)
 
 
 @pytest.mark.parametrize("dtype", ID_DTYPES, ids=ID_DTYPE_IDS)
@@ -69,7 +71,7 @@ def test_gather_op_writes_every_byte_of_the_oracle(
     gather_blocks_reference([seg], blocks, expected)
     for poison in (0x00, 0xFF):  # a byte left unwritten cannot match under both poisons
         out = torch.full_like(expected, poison)
-        _gather_op(seg, torch.tensor(blocks, dtype=dtype), out)
+        compiled.gather([seg], torch.tensor(blocks, dtype=dtype), out)
         assert torch.equal(out, expected)
 
 
@@ -129,7 +131,7 @@ def test_gather_op_rejects_out_of_range_block_ids(compiled: _CompiledOps) -> Non
     seg = make_segment(2, 8, 32, "layer_outer")
     out = torch.empty(2, seg.page_bytes, dtype=torch.uint8)
     with pytest.raises(IndexError, match="out of range"):
-        _gather_op(seg, torch.tensor([1, 8]), out)
+        _gather_op(seg, [1, 8], out)
 
 
 def test_dispatch_rejects_negative_block_ids_before_the_op(compiled: _CompiledOps) -> None:
@@ -143,7 +145,7 @@ def test_gather_op_rejects_a_row_too_short_for_the_pages(compiled: _CompiledOps)
     seg = make_segment(2, 8, 32, "layer_outer")
     out = torch.empty(2, seg.page_bytes, dtype=torch.uint8)
     with pytest.raises(ValueError, match="overrun"):
-        _gather_op(seg, torch.tensor([1, 2]), out, column=1)
+        _gather_op(seg, [1, 2], out, column=1)
 
 
 def test_gather_op_rejects_a_segment_past_the_buffer(compiled: _CompiledOps) -> None:
@@ -151,7 +153,7 @@ def test_gather_op_rejects_a_segment_past_the_buffer(compiled: _CompiledOps) -> 
     short = KVSegment(seg.buffer[:100], 0, 256, 32, 2, 8, 32)
     out = torch.empty(1, seg.page_bytes, dtype=torch.uint8)
     with pytest.raises(ValueError, match="reaches byte"):
-        _gather_op(short, torch.tensor([0]), out)
+        _gather_op(short, [0], out)
 
 
 def test_build_script_output_loads_with_a_cpu_kernel(compiled: _CompiledOps) -> None:
@@ -168,3 +170,20 @@ def test_devices_without_a_compiled_kernel_take_the_torch_path() -> None:
     ops.gather([seg], torch.tensor([5, 1]), out)
     gather_blocks_reference([seg], [5, 1], expected)
     assert torch.equal(out, expected) and "cpu tensors" in ops._warned
+
+
+def test_a_call_plan_keeps_no_cache_alive_and_follows_a_new_segment(
+    compiled: _CompiledOps,
+) -> None:
+    """The per-segment-list plan holds its segments weakly and is rebuilt for new ones."""
+    seg = make_segment(2, 8, 32, "layer_outer")
+    compiled.gather([seg], [1], torch.empty(1, seg.page_bytes, dtype=torch.uint8))
+    gone = weakref.ref(seg.buffer)
+    del seg
+    gc.collect()
+    other = make_segment(3, 8, 24, "padded", seed=4)  # may reuse the dead segment's id
+    expected = torch.empty(2, other.page_bytes, dtype=torch.uint8)
+    gather_blocks_reference([other], [5, 2], expected)
+    out = torch.zeros_like(expected)
+    compiled.gather([other], [5, 2], out)
+    assert gone() is None and torch.equal(out, expected)

@@ -9,13 +9,14 @@
 //   pages and whole-block pages alike keep the copy units busy.
 // * Layers stored back to back inside a block (block-outermost layouts) are merged into
 //   one page first: one contiguous range per block instead of num_layers small ones.
-// * Block ids on the host (the usual case) are range-checked here and, up to kInlineIds of
-//   them, passed to the kernel by value in its parameters: no H2D copy, no allocation, no
-//   synchronisation. More ids, or ids already on the device, are read from device memory.
+// * Block ids are a host list (`int[]`), range-checked by check_pages and, up to kInlineIds
+//   of them, passed to the kernel by value in its parameters: no H2D copy, no allocation,
+//   no synchronisation. More ids are copied to the device once and read from there.
 // The staging table may be device memory or pinned host memory; the kernel accesses pinned
-// memory in place through its mapped device pointer (zero-copy over PCIe, no bounce).
+// memory in place through its mapped device pointer (zero-copy over PCIe, no bounce). The
+// one-block copy also takes pageable memory (synchronously); the kernel path raises
+// NotImplementedError for it, and hf3fsctl.staging takes the torch path instead.
 // Copies are 16 bytes wide when every address, stride and size allows, else 8/4/2/1.
-#include <ATen/Dispatch.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -40,11 +41,10 @@ struct InlineIds {
   __device__ int64_t operator[](int64_t row) const { return id[row]; }
 };
 
-// Block ids in device memory.
-template <typename index_t>
+// Block ids in device memory (batches of more than kInlineIds blocks).
 struct DeviceIds {
-  const index_t* ptr;
-  __device__ int64_t operator[](int64_t row) const { return static_cast<int64_t>(ptr[row]); }
+  const int64_t* ptr;
+  __device__ int64_t operator[](int64_t row) const { return ptr[row]; }
 };
 
 template <typename vec_t, typename Ids, bool kToTable>
@@ -85,8 +85,22 @@ __global__ void __launch_bounds__(kMaxThreads)
   }
 }
 
+// The staging table's address for the copy engine: its own pointer, pinned or pageable
+// host memory alike (unified addressing; a copy from or to pageable memory is synchronous).
+// No pointer query: the one-block path costs no more host time than a plain copy.
+uint8_t* table_copy_pointer(const at::Tensor& table, const at::Device& device) {
+  if (table.is_cuda()) {
+    TORCH_CHECK_VALUE(table.device() == device, message("staging table is on ", table.device(),
+                                                        ", the cache on ", device));
+  } else {
+    TORCH_CHECK_VALUE(table.is_cpu(), "staging table must be a CUDA or CPU tensor");
+  }
+  return static_cast<uint8_t*>(table.data_ptr());
+}
+
 // The staging table's address for the kernel: its own pointer on the GPU, the mapped
-// pointer of pinned host memory; pageable host memory is a caller error.
+// pointer of pinned host memory. Pageable host memory raises NotImplementedError (the
+// caller's cue to take another path; nothing has been copied yet).
 //
 // cudaPointerGetAttributes needs a CUDA context current on the calling thread, and it
 // does not make one: on a thread that has made no other CUDA call yet (the connector's
@@ -94,25 +108,22 @@ __global__ void __launch_bounds__(kMaxThreads)
 // context is made current first (cudaSetDevice initialises it on CUDA 12+; a no-op when
 // it already is). Found by tests/gpu/test_worker_cuda.py: every asynchronous load failed.
 uint8_t* table_device_pointer(const at::Tensor& table, const at::Device& device) {
-  uint8_t* ptr = static_cast<uint8_t*>(table.data_ptr());
+  uint8_t* ptr = table_copy_pointer(table, device);
   if (table.is_cuda()) {
-    TORCH_CHECK_VALUE(table.device() == device, message("staging table is on ", table.device(),
-                                                        ", the cache on ", device));
     return ptr;
   }
-  TORCH_CHECK_VALUE(table.is_cpu(), "staging table must be a CUDA or pinned CPU tensor");
   C10_CUDA_CHECK(cudaSetDevice(device.index()));
   cudaPointerAttributes attr{};
   const cudaError_t err = cudaPointerGetAttributes(&attr, ptr);
   if (err != cudaSuccess) {
     (void)cudaGetLastError();  // clear the error so later calls are not blamed
   }
-  TORCH_CHECK_VALUE(err == cudaSuccess && attr.type == cudaMemoryTypeHost &&
-                        attr.devicePointer != nullptr,
-                    message("host staging table must be pinned (page-locked) memory (",
-                            err == cudaSuccess ? "memory type " + std::to_string(attr.type)
-                                               : std::string(cudaGetErrorName(err)),
-                            ")"));
+  TORCH_CHECK_NOT_IMPLEMENTED(
+      err == cudaSuccess && attr.type == cudaMemoryTypeHost && attr.devicePointer != nullptr,
+      message("the kernel needs pinned (page-locked) host staging (",
+              err == cudaSuccess ? "memory type " + std::to_string(attr.type)
+                                 : std::string(cudaGetErrorName(err)),
+              ")"));
   return static_cast<uint8_t*>(attr.devicePointer);
 }
 
@@ -202,61 +213,45 @@ bool copy_one_row(uint8_t* cache, uint8_t* table, int64_t block, const PageGeome
 }
 
 template <bool kToTable>
-void copy_pages(const at::Tensor& cache, const at::Tensor& table, const at::Tensor& block_ids,
+void copy_pages(const at::Tensor& cache, const at::Tensor& table, c10::IntArrayRef block_ids,
                 const PageGeometry& checked) {
   TORCH_CHECK_VALUE(cache.is_cuda(), "the CUDA op needs the cache on a CUDA device");
-  TORCH_CHECK_VALUE(block_ids.is_cpu() || block_ids.device() == cache.device(),
-                    message("block_ids are on ", block_ids.device(), ", the cache on ",
-                            cache.device()));
   if (checked.rows == 0) {
     return;
   }
   const PageGeometry g = merge_contiguous_layers(checked);
   const c10::cuda::CUDAGuard guard(cache.device());
   uint8_t* cache_ptr = static_cast<uint8_t*>(cache.data_ptr());
-  uint8_t* table_ptr = table_device_pointer(table, cache.device());
-  const at::Tensor ids = block_ids.contiguous();
-  if (ids.is_cpu()) {
-    AT_DISPATCH_INDEX_TYPES(ids.scalar_type(), "hf3fsctl_check_ids", [&] {
-      check_block_ids(ids.data_ptr<index_t>(), g.rows, g.num_blocks);
-    });
-    const at::Tensor ids64 = ids.to(at::kLong);
-    const int64_t* host = ids64.data_ptr<int64_t>();
-    if (g.rows == 1 && copy_one_row<kToTable>(cache_ptr, table_ptr, host[0], g)) {
-      return;
-    }
-    if (g.rows <= kInlineIds) {
-      InlineIds inline_ids{};
-      for (int64_t r = 0; r < g.rows; ++r) inline_ids.id[r] = static_cast<int32_t>(host[r]);
-      launch_widest<InlineIds, kToTable>(cache_ptr, table_ptr, inline_ids, g);
-      return;
-    }
-    const at::Tensor on_device = ids64.to(cache.device(), /*non_blocking=*/true);
-    launch_widest<DeviceIds<int64_t>, kToTable>(
-        cache_ptr, table_ptr, DeviceIds<int64_t>{on_device.data_ptr<int64_t>()}, g);
+  // One block: the copy engine, not the kernel — for layer-outermost pages too, whose 2-D
+  // copy costs ~2 us more than a flat one; the kernel was slower still (docs/staging-ops.md).
+  if (g.rows == 1 &&
+      copy_one_row<kToTable>(cache_ptr, table_copy_pointer(table, cache.device()), block_ids[0],
+                             g)) {
     return;
   }
-  AT_DISPATCH_INDEX_TYPES(ids.scalar_type(), "hf3fsctl_copy_pages_cuda", [&] {
-    launch_widest<DeviceIds<index_t>, kToTable>(cache_ptr, table_ptr,
-                                                DeviceIds<index_t>{ids.data_ptr<index_t>()}, g);
-  });
+  uint8_t* table_ptr = table_device_pointer(table, cache.device());
+  if (g.rows <= kInlineIds) {
+    InlineIds inline_ids{};
+    for (int64_t r = 0; r < g.rows; ++r) inline_ids.id[r] = static_cast<int32_t>(block_ids[r]);
+    launch_widest<InlineIds, kToTable>(cache_ptr, table_ptr, inline_ids, g);
+    return;
+  }
+  // From pageable memory: the copy has read `host` when it returns, so it may go at once.
+  const at::Tensor host = at::tensor(block_ids, at::TensorOptions().dtype(at::kLong));
+  const at::Tensor on_device = host.to(cache.device(), /*non_blocking=*/true);
+  launch_widest<DeviceIds, kToTable>(cache_ptr, table_ptr,
+                                     DeviceIds{on_device.data_ptr<int64_t>()}, g);
 }
 
-void gather_pages_cuda(const at::Tensor& cache, at::Tensor& out, const at::Tensor& block_ids,
-                       int64_t offset, int64_t layer_stride, int64_t block_stride,
-                       int64_t num_layers, int64_t num_blocks, int64_t page_size,
-                       int64_t out_column) {
-  const PageGeometry g = check_pages(cache, out, block_ids, offset, layer_stride, block_stride,
-                                     num_layers, num_blocks, page_size, out_column);
+void gather_pages_cuda(const at::Tensor& cache, at::Tensor& out, c10::IntArrayRef block_ids,
+                       c10::IntArrayRef geometry) {
+  const PageGeometry g = check_pages(cache, out, block_ids, geometry);
   copy_pages<true>(cache, out, block_ids, g);
 }
 
-void scatter_pages_cuda(at::Tensor& cache, const at::Tensor& src, const at::Tensor& block_ids,
-                        int64_t offset, int64_t layer_stride, int64_t block_stride,
-                        int64_t num_layers, int64_t num_blocks, int64_t page_size,
-                        int64_t src_column) {
-  const PageGeometry g = check_pages(cache, src, block_ids, offset, layer_stride, block_stride,
-                                     num_layers, num_blocks, page_size, src_column);
+void scatter_pages_cuda(at::Tensor& cache, const at::Tensor& src, c10::IntArrayRef block_ids,
+                        c10::IntArrayRef geometry) {
+  const PageGeometry g = check_pages(cache, src, block_ids, geometry);
   copy_pages<false>(cache, src, block_ids, g);
 }
 

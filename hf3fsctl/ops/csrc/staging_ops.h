@@ -44,13 +44,27 @@ struct PageGeometry {
   int64_t row_stride; // bytes between table rows
 };
 
-// Validates the arguments of gather_pages/scatter_pages; raises c10::Error (ValueError /
-// IndexError in Python) on any caller mistake.
+// Raises IndexError unless every one of the block ids is in [0, num_blocks).
+inline void check_block_ids(c10::IntArrayRef ids, int64_t num_blocks) {
+  for (const int64_t id : ids) {
+    TORCH_CHECK_INDEX(id >= 0 && id < num_blocks, message("block id ", id, " out of range for ",
+                                                          num_blocks, " blocks"));
+  }
+}
+
+// Validates the arguments of gather_pages/scatter_pages, block ids included; raises
+// c10::Error (ValueError / IndexError in Python) on any caller mistake.
+// `geometry` is [offset, layer_stride, block_stride, num_layers, num_blocks, page_size,
+// column] (the ops' schema, registration.cpp).
 inline PageGeometry check_pages(const at::Tensor& cache, const at::Tensor& table,
-                                const at::Tensor& block_ids, int64_t offset,
-                                int64_t layer_stride, int64_t block_stride,
-                                int64_t num_layers, int64_t num_blocks, int64_t page_size,
-                                int64_t column) {
+                                c10::IntArrayRef block_ids, c10::IntArrayRef geometry) {
+  TORCH_CHECK_VALUE(geometry.size() == 7,
+                    message("geometry must be [offset, layer_stride, block_stride, num_layers, "
+                            "num_blocks, page_size, column], got ",
+                            static_cast<int64_t>(geometry.size()), " values"));
+  const int64_t offset = geometry[0], layer_stride = geometry[1], block_stride = geometry[2];
+  const int64_t num_layers = geometry[3], num_blocks = geometry[4], page_size = geometry[5];
+  const int64_t column = geometry[6];
   TORCH_CHECK_VALUE(cache.scalar_type() == at::kByte && cache.dim() == 1,
                     message("cache must be a 1-D uint8 tensor, got ", cache.scalar_type(),
                             " with ", cache.dim(), " dims"));
@@ -62,13 +76,9 @@ inline PageGeometry check_pages(const at::Tensor& cache, const at::Tensor& table
                     "staging table rows must be contiguous");
   TORCH_CHECK_VALUE(table.size(0) <= 1 || table.stride(0) >= table.size(1),
                     "staging table rows overlap");
-  TORCH_CHECK_VALUE(block_ids.dim() == 1, "block_ids must be 1-D");
-  TORCH_CHECK_VALUE(
-      block_ids.scalar_type() == at::kLong || block_ids.scalar_type() == at::kInt,
-      message("block_ids must be int32 or int64, got ", block_ids.scalar_type()));
-  TORCH_CHECK_VALUE(block_ids.numel() == table.size(0),
-                    message("block_ids has ", block_ids.numel(), " entries for ",
-                            table.size(0), " staging rows"));
+  const int64_t rows = static_cast<int64_t>(block_ids.size());
+  TORCH_CHECK_VALUE(rows == table.size(0), message("block_ids has ", rows, " entries for ",
+                                                   table.size(0), " staging rows"));
   TORCH_CHECK_VALUE(num_layers > 0 && num_blocks > 0 && page_size > 0,
                     "num_layers, num_blocks and page_size must be positive");
   TORCH_CHECK_VALUE(offset >= 0 && layer_stride >= 0 && block_stride >= 0 && column >= 0,
@@ -81,20 +91,10 @@ inline PageGeometry check_pages(const at::Tensor& cache, const at::Tensor& table
                        (num_blocks - 1) * block_stride + page_size;
   TORCH_CHECK_VALUE(last <= cache.numel(), message("segment reaches byte ", last, " of a ",
                                                    cache.numel(), "-byte cache"));
+  check_block_ids(block_ids, num_blocks);
   const int64_t row_stride = table.size(0) <= 1 ? table.size(1) : table.stride(0);
-  return PageGeometry{offset,     layer_stride, block_stride,      num_layers, num_blocks,
-                      page_size,  column,       block_ids.numel(), row_stride};
-}
-
-// Raises IndexError unless every one of the `rows` host-side block ids is in
-// [0, num_blocks).
-template <typename index_t>
-void check_block_ids(const index_t* ids, int64_t rows, int64_t num_blocks) {
-  for (int64_t r = 0; r < rows; ++r) {
-    TORCH_CHECK_INDEX(ids[r] >= 0 && ids[r] < num_blocks,
-                      message("block id ", static_cast<int64_t>(ids[r]), " out of range for ",
-                              num_blocks, " blocks"));
-  }
+  return PageGeometry{offset,    layer_stride, block_stride, num_layers, num_blocks,
+                      page_size, column,       rows,         row_stride};
 }
 
 }  // namespace hf3fsctl
