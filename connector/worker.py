@@ -72,11 +72,11 @@ from hf3fsctl.errors import ConfigError, InvalidRequest, NotFound
 from hf3fsctl.keys import NamespaceManifest
 from hf3fsctl.meta.models import Location, WriterInfo
 from hf3fsctl.staging import (
+    HostBlockPieces,
     KVSegment,
     StagingBuffer,
     StagingPool,
     gather_blocks,
-    page_pieces,
     scatter_blocks,
     total_page_bytes,
 )
@@ -173,6 +173,8 @@ class WorkerSide(WorkerStorage):
         self.geometry = geometry
         self.stats = stats
         self.segments: list[KVSegment] = []
+        # A host KV cache's block byte ranges, worked out once (for `self.segments`).
+        self._host_pieces: tuple[list[KVSegment], HostBlockPieces] | None = None
         self._saves_paused_until = 0.0  # saves skipped after a storage failure
         self._retrying = False  # a background retry of storage/registration is queued
         self._cuda = False
@@ -472,7 +474,7 @@ class WorkerSide(WorkerStorage):
                 # writing into blocks given to another request).
                 into: LoadTarget | None = None
                 if job.sync and not self._cuda:
-                    into = PagePieces(page_pieces(self.segments, job.block_ids))
+                    into = PagePieces(self._page_pieces(job.block_ids))
                 else:
                     wait_s = SYNC_STAGING_WAIT_S if job.sync else LOAD_TIMEOUT_S / 2
                     lease = tier.lease(len(job.keys), wait_s)
@@ -489,6 +491,14 @@ class WorkerSide(WorkerStorage):
             if lease is not None:
                 lease.release()
         self._load_ended(run, failed, kind)
+
+    def _page_pieces(self, block_ids: list[int]) -> list[list[memoryview]]:
+        """The byte ranges of `block_ids`' pages in the host KV cache (its geometry's work
+        done once per `register_kv_caches`)."""
+        cached = self._host_pieces
+        if cached is None or cached[0] is not self.segments:
+            cached = self._host_pieces = (self.segments, HostBlockPieces(self.segments))
+        return cached[1].pieces(block_ids)
 
     def _scatter_rows(self, job: LoadJob, lease: StagingBuffer) -> Callable[[list[int]], None]:
         """Scatters a load's intact staging rows into their blocks."""

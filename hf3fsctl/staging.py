@@ -13,7 +13,8 @@ Contract:
       (torch's index ops run byte by byte there). `scatter_blocks` is the inverse and
       writes nothing but the named blocks' ranges.
     * `page_pieces(segments, block_ids)` names a host KV cache's page byte ranges as
-      writable memoryviews (page order), for reading stored pages straight into them.
+      writable memoryviews (page order), for reading stored pages straight into them;
+      `HostBlockPieces` does the same with the geometry's work done once.
     * `gather_blocks_reference` / `scatter_blocks_reference` are the plain-loop oracle
       the tests compare against; never used on the data path.
     * `_ops()` is the only dispatch point: it loads the compiled `csrc/` library
@@ -514,12 +515,55 @@ def scatter_blocks(segments: Sequence[KVSegment], block_ids: BlockIds, src: torc
     (_ACTIVE_OPS or _ops()).scatter(segments, block_ids, src)
 
 
+class HostBlockPieces:
+    """The byte ranges of each block's page in a host KV cache, worked out once.
+
+    Built once per geometry (the worker keeps one per KV cache): the buffers' byte views
+    and each layer's start are computed here, so naming a block's pieces is one slice
+    per (segment, layer) and nothing else.
+
+    Raises (on construction):
+        ValueError: a segment is not in host memory.
+    """
+
+    def __init__(self, segments: Sequence[KVSegment]) -> None:
+        self.segments = list(segments)  # keeps the buffers the views alias alive
+        # Per segment: (its bytes, each layer's block-0 start, block stride, blocks,
+        # bytes of one block of one layer).
+        self._plans: list[tuple[memoryview, list[int], int, int, int]] = []
+        for seg in self.segments:
+            if seg.buffer.device.type != "cpu":
+                raise ValueError(f"page pieces need a host KV cache, not {seg.buffer.device}")
+            starts = [seg.offset + layer * seg.layer_stride for layer in range(seg.num_layers)]
+            base = seg.buffer.numpy().data.cast("B")
+            self._plans.append((base, starts, seg.block_stride, seg.num_blocks, seg.page_size))
+
+    def pieces(self, block_ids: Sequence[int]) -> list[list[memoryview]]:
+        """One list of writable memoryviews per block, in stored-page order.
+
+        Raises:
+            ValueError: a block id is out of range.
+        """
+        out: list[list[memoryview]] = []
+        for block in block_ids:
+            block = int(block)
+            pieces: list[memoryview] = []
+            for base, starts, block_stride, num_blocks, size in self._plans:
+                if not 0 <= block < num_blocks:
+                    raise ValueError(f"block {block} is outside 0..{num_blocks - 1}")
+                at = block * block_stride
+                pieces += [base[start + at : start + at + size] for start in starts]
+            out.append(pieces)
+        return out
+
+
 def page_pieces(segments: Sequence[KVSegment], block_ids: Sequence[int]) -> list[list[memoryview]]:
     """The byte ranges of each block's page in a host KV cache, in stored-page order.
 
     One writable memoryview per (segment, layer) of each block, aliasing the cache: an
     I/O engine can read a stored page straight into them (`read_pages_scattered`), with
-    no staging buffer and no scatter copy.
+    no staging buffer and no scatter copy. A caller that names blocks of one cache again
+    and again keeps a `HostBlockPieces` instead.
 
     Args:
         segments: the KV cache segments; their buffers must be CPU tensors.
@@ -528,23 +572,7 @@ def page_pieces(segments: Sequence[KVSegment], block_ids: Sequence[int]) -> list
     Raises:
         ValueError: a segment is not in host memory or a block id is out of range.
     """
-    bases = []
-    for seg in segments:
-        if seg.buffer.device.type != "cpu":
-            raise ValueError(f"page pieces need a host KV cache, not {seg.buffer.device}")
-        bases.append(seg.buffer.numpy().data.cast("B"))
-    out: list[list[memoryview]] = []
-    for block in block_ids:
-        pieces: list[memoryview] = []
-        for seg, base in zip(segments, bases, strict=True):
-            if not 0 <= int(block) < seg.num_blocks:
-                raise ValueError(f"block {block} is outside 0..{seg.num_blocks - 1}")
-            start = seg.offset + int(block) * seg.block_stride
-            for _ in range(seg.num_layers):
-                pieces.append(base[start : start + seg.page_size])
-                start += seg.layer_stride
-        out.append(pieces)
-    return out
+    return HostBlockPieces(segments).pieces(block_ids)
 
 
 def gather_blocks_reference(

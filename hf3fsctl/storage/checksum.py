@@ -6,7 +6,8 @@ Contract:
     * `verify` recomputes with the algorithm named by the expected string's prefix
       (``xxh3``, ``xxh64``, ``xxh128``, ``crc32``) and compares; an unknown or malformed
       checksum string raises `InvalidRequest` rather than passing or failing silently.
-    * `checksum_pieces` hashes several buffers as if concatenated (streaming, no copy).
+    * `checksum_pieces` hashes several buffers as if concatenated (streaming, no copy);
+      `checksum_views` the same for byte views an engine already checked.
     * All accept any C-contiguous object supporting the buffer protocol (bytes,
       bytearray, memoryview, numpy arrays). xxhash releases the GIL while hashing, so
       callers may verify from I/O threads in parallel.
@@ -95,6 +96,18 @@ def checksum_pieces(pieces: Sequence[Any], algorithm: str = DEFAULT_ALGORITHM) -
         ) from None
     for piece in pieces:
         state.update(_as_bytes_view(piece))
+    return f"{algorithm}:{state.hexdigest()}"
+
+
+def checksum_views(views: Sequence[memoryview], algorithm: str = DEFAULT_ALGORITHM) -> str:
+    """`checksum_pieces` of byte views the caller already checked (1-D, C-contiguous,
+    format "B"): an engine's verify pass, without checking each piece again."""
+    new = _STREAMING.get(algorithm)
+    if new is None:  # crc32, or unknown (which `checksum_pieces` refuses)
+        return checksum_pieces(views, algorithm)
+    state = new()
+    for view in views:
+        state.update(view)
     return f"{algorithm}:{state.hexdigest()}"
 
 

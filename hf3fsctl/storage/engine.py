@@ -51,7 +51,7 @@ ERROR_CHECKSUM = "checksum"
 ERROR_BOUNDS = "bounds"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # slots: built once per page moved
 class PageResult:
     """The outcome of reading or writing one page.
 

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hf3fsctl.errors import InvalidRequest, StorageError
-from hf3fsctl.storage.checksum import checksum_pieces, page_checksum
+from hf3fsctl.storage.checksum import checksum_views, page_checksum
 from hf3fsctl.storage.engine import (
     ERROR_BOUNDS,
     ERROR_CHECKSUM,
@@ -78,15 +78,11 @@ class _Op:
     view: memoryview  # exactly the bytes to transfer (the first piece when scattered)
     expected: str | None = None
     pieces: list[memoryview] | None = None  # a scattered read: these, in order, are the page
-    nbytes: int = -1  # bytes this op moves (set with `scatter`; else the view's length)
+    nbytes: int = -1  # bytes this op moves (the pieces' total; else the view's length)
 
     def __post_init__(self) -> None:
         if self.nbytes < 0:
             self.nbytes = len(self.view)
-
-    def scatter(self, pieces: list[memoryview], nbytes: int) -> None:
-        """Move the page through `pieces` (`nbytes` in all) instead of one view."""
-        self.view, self.pieces, self.nbytes = pieces[0], pieces, nbytes
 
     @property
     def views(self) -> list[memoryview]:
@@ -177,30 +173,36 @@ class PosixEngine:
         *,
         expected: Sequence[str | None] | None = None,
     ) -> list[PageResult]:
-        """Read page `pages[i]` into the buffers `pieces[i]`; see `IOEngine`."""
+        """Read page `pages[i]` into the buffers `pieces[i]`; see `IOEngine`.
+
+        Each page's pieces are checked and become its op in one pass (a host KV cache's
+        block ranges: a few pieces per page, tens of pages per step).
+        """
         if len(pages) != len(pieces):
             raise InvalidRequest(
                 f"{len(pages)} pages, {len(pieces)} piece lists: the lengths must match"
             )
-        firsts = [piece_list[0] if len(piece_list) else b"" for piece_list in pieces]
-        results, ops = self._prepare(file, pages, firsts, expected, reading=True, whole=False)
-        kept: list[_Op] = []
-        for op in ops:
+        results = self._results_for(file, pages, expected)
+        ops: list[_Op] = []
+        page_bytes = file.page_bytes
+        for index, (page, buffers) in enumerate(zip(pages, pieces, strict=True)):
             try:
-                views = [_byte_view(buffer) for buffer in pieces[op.index]]
-            except (ValueError, TypeError) as exc:
-                results[op.index] = _failed(op.page, ERROR_BOUNDS, str(exc))
+                offset = file.offset(page)
+                views = [_byte_view(buffer) for buffer in buffers]
+            except (InvalidRequest, ValueError, TypeError) as exc:
+                results[index] = _failed(page, ERROR_BOUNDS, str(exc))
                 continue
-            total = sum(len(v) for v in views)
-            if total != file.page_bytes or any(v.readonly for v in views):
-                problem = f"pieces hold {total} bytes, page has {file.page_bytes}"
-                if any(v.readonly for v in views):
+            total = sum(map(len, views))
+            readonly = any(v.readonly for v in views)
+            if total != page_bytes or readonly:
+                problem = f"pieces hold {total} bytes, page has {page_bytes}"
+                if readonly:
                     problem = "a read piece is read-only"
-                results[op.index] = _failed(op.page, ERROR_BOUNDS, problem)
+                results[index] = _failed(page, ERROR_BOUNDS, problem)
                 continue
-            op.scatter(views, total)
-            kept.append(op)
-        self._run(file, kept, results, reading=True, checksums=False)
+            checksum = None if expected is None else expected[index]
+            ops.append(_Op(index, page, offset, views[0], checksum, views, total))
+        self._run(file, ops, results, reading=True, checksums=False)
         return _finish(results)
 
     def close(self) -> None:
@@ -225,19 +227,12 @@ class PosixEngine:
         expected: Sequence[str | None] | None,
         *,
         reading: bool,
-        whole: bool = True,
     ) -> tuple[list[PageResult | None], list[_Op]]:
-        if self._closed:
-            raise StorageError("the I/O engine is closed")
-        if file.fd < 0:
-            raise StorageError(f"page file {file.relpath} is closed")
-        if len(pages) != len(buffers) or (expected is not None and len(expected) != len(pages)):
+        results = self._results_for(file, pages, expected)
+        if len(pages) != len(buffers):
             raise InvalidRequest(
-                f"{len(pages)} pages, {len(buffers)} buffers"
-                + ("" if expected is None else f", {len(expected)} checksums")
-                + ": the lengths must match"
+                f"{len(pages)} pages, {len(buffers)} buffers: the lengths must match"
             )
-        results: list[PageResult | None] = [None] * len(pages)
         ops: list[_Op] = []
         for index, (page, buffer) in enumerate(zip(pages, buffers, strict=True)):
             try:
@@ -249,7 +244,7 @@ class PosixEngine:
             problem = None
             if reading and view.readonly:
                 problem = "read buffer is read-only"
-            elif reading and whole and len(view) < file.page_bytes:
+            elif reading and len(view) < file.page_bytes:
                 problem = f"read buffer has {len(view)} bytes, page has {file.page_bytes}"
             elif not reading and not 0 < len(view) <= file.page_bytes:
                 problem = f"write buffer has {len(view)} bytes, page holds 1..{file.page_bytes}"
@@ -263,6 +258,20 @@ class PosixEngine:
             )
         return results, ops
 
+    def _results_for(
+        self, file: PageFile, pages: Sequence[int], expected: Sequence[str | None] | None
+    ) -> list[PageResult | None]:
+        """One empty result per page, once the engine, the file and `expected` are usable."""
+        if self._closed:
+            raise StorageError("the I/O engine is closed")
+        if file.fd < 0:
+            raise StorageError(f"page file {file.relpath} is closed")
+        if expected is not None and len(expected) != len(pages):
+            raise InvalidRequest(
+                f"{len(pages)} pages, {len(expected)} checksums: the lengths must match"
+            )
+        return [None] * len(pages)
+
     def _plan(self, file: PageFile, ops: list[_Op]) -> list[list[_Op]]:
         """Group ops into tasks: runs of adjacent full pages, cut to share the threads."""
         if not ops:
@@ -271,7 +280,7 @@ class PosixEngine:
         per_task = max(
             math.ceil(len(ops) / self.io_threads), math.ceil(MIN_TASK_BYTES / file.slot_bytes)
         )
-        iov_per_op = max(len(op.views) for op in ops) + 1  # + the slot gap
+        iov_per_op = max(1 if op.pieces is None else len(op.pieces) for op in ops) + 1  # + gap
         per_task = min(
             per_task,
             max(1, self._iov_max // iov_per_op),
@@ -381,11 +390,11 @@ class PosixEngine:
             iov.extend(op.views)
             if position + 1 < len(ops) and gap:
                 iov.append(scratch if scratch is not None else memoryview(_ZEROS)[:gap])
-        total = sum(len(v) for v in iov)
+        total = sum(op.nbytes for op in ops) + gap * (len(ops) - 1)
         done = 0
         start = ops[0].offset
         while done < total:
-            batch = iov[: self._iov_max]
+            batch = iov if len(iov) <= self._iov_max else iov[: self._iov_max]
             moved = (
                 os.preadv(fd, batch, start + done)
                 if reading
@@ -394,7 +403,8 @@ class PosixEngine:
             if moved <= 0:
                 break
             done += moved
-            iov = _advance(iov, moved)
+            if done < total:
+                iov = _advance(iov, moved)
         return done
 
     def _results(
@@ -429,9 +439,9 @@ def _checksum_task(ops: list[_Op], digests: dict[int, str]) -> list[tuple[_Op, P
 
 def _verified(op: _Op) -> PageResult:
     expected = op.expected or ""
-    algorithm = expected.split(":", 1)[0]
+    algorithm = expected.partition(":")[0]
     try:
-        actual = checksum_pieces(op.views, algorithm)
+        actual = checksum_views(op.views, algorithm)
     except InvalidRequest as exc:
         return _failed(op.page, ERROR_CHECKSUM, exc.message)
     if actual != expected:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from hf3fsctl.staging import KVSegment, gather_blocks_reference, page_pieces
+from hf3fsctl.staging import HostBlockPieces, KVSegment, gather_blocks_reference, page_pieces
 from hf3fsctl.storage.checksum import checksum, checksum_pieces
 from hf3fsctl.storage.engine import ERROR_BOUNDS, ERROR_CHECKSUM, ERROR_SHORT
 from hf3fsctl.storage.layout import PageFile, slot_bytes
@@ -134,3 +134,17 @@ def test_page_pieces_write_into_the_cache() -> None:
     for piece in pieces:
         piece[:] = b"\x07" * 64
     assert buffer.view(2, 2, 64)[:, 1].eq(7).all().item() and buffer.sum().item() == 7 * 128
+
+
+def test_block_pieces_kept_across_calls_name_what_a_gather_copies_of_two_segments() -> None:
+    segs = [
+        KVSegment(torch.randint(0, 256, (2 * 4 * 16,), dtype=torch.uint8), 0, 64, 16, 2, 4, 16),
+        KVSegment(torch.randint(0, 256, (3 * 4 * 8 + 4,), dtype=torch.uint8), 4, 8, 24, 3, 4, 8),
+    ]
+    kept = HostBlockPieces(segs)
+    for blocks in ([3, 1], [0, 2, 3]):
+        out = torch.empty(len(blocks), 2 * 16 + 3 * 8, dtype=torch.uint8)
+        gather_blocks_reference(segs, blocks, out)
+        assert [b"".join(p) for p in kept.pieces(blocks)] == [bytes(r.numpy()) for r in out]
+    with pytest.raises(ValueError, match="outside"):
+        kept.pieces([4])

@@ -311,6 +311,8 @@ class MetadataStore(SqliteDatabase, StoreCore):
 
     def _locate(self, namespace: str, rank: int, keys: Sequence[str]) -> list[Location | None]:
         found = self._locate_rows(namespace, rank, keys)
+        # one validation of the whole list, in pydantic's core: cheaper than building
+        # each `Location` unvalidated (`model_construct` runs Python per field)
         return _LOCATIONS.validate_python(
             [
                 None
@@ -325,36 +327,35 @@ class MetadataStore(SqliteDatabase, StoreCore):
         self, namespace: str, rank: int, keys: Sequence[str]
     ) -> dict[str, tuple[int, str, int]]:
         """`(page, checksum, size)` of each committed, unexpired key of `keys`; takes the
-        leases, and renews the expiry of entries committed with `renew_on_read`."""
+        leases, and renews the expiry of entries committed with `renew_on_read`.
+
+        The leases (with the hit counts and access times) are taken by the statement
+        that finds the entries (`UPDATE … RETURNING`, one per chunk of keys): each entry
+        is found once, through `entries_by_key`.
+        """
         now = time.time()
         found: dict[str, tuple[int, str, int]] = {}
         renew: list[int] = []
         with self._write() as conn:
             self._ranks_of(conn, namespace)
-            for chunk in _chunks(keys):
+            # a key named twice is leased (and counted) once, as one statement would
+            for chunk in _chunks(list(dict.fromkeys(keys))):
                 for key, page, checksum, size, renew_s in conn.execute(
-                    "SELECT key, page, checksum, size, renew_s FROM entries"
-                    " INDEXED BY entries_by_key WHERE namespace = ?"
+                    "UPDATE entries INDEXED BY entries_by_key SET hits = hits + 1,"
+                    " last_access = ?, lease_until = MAX(lease_until, ?) WHERE namespace = ?"
                     f" AND key IN ({_placeholders(len(chunk))}) AND rank = ? AND state = 1"
-                    " AND (expires_at IS NULL OR expires_at > ?)",
-                    (namespace, *chunk, rank, now),
+                    " AND (expires_at IS NULL OR expires_at > ?)"
+                    " RETURNING key, page, checksum, size, renew_s",
+                    (now, now + self.lease_s, namespace, *chunk, rank, now),
                 ):
                     found[key] = (page, checksum, size)
                     if renew_s is not None:
                         renew.append(page)
-            pages = sorted({row[0] for row in found.values()})
             for chunk_pages in _chunks(renew):
                 conn.execute(
                     "UPDATE entries SET expires_at = ? + renew_s WHERE namespace = ?"
                     f" AND rank = ? AND page IN ({_placeholders(len(chunk_pages))})",
                     (now, namespace, rank, *chunk_pages),
-                )
-            for chunk_pages in _chunks(pages):
-                conn.execute(
-                    "UPDATE entries SET hits = hits + 1, last_access = ?,"
-                    " lease_until = MAX(lease_until, ?) WHERE namespace = ? AND rank = ?"
-                    f" AND page IN ({_placeholders(len(chunk_pages))})",
-                    (now, now + self.lease_s, namespace, rank, *chunk_pages),
                 )
             if found:
                 conn.execute(
