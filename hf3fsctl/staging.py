@@ -362,6 +362,9 @@ class _CompiledOps:
             logger.info("staging gather/scatter: torch path for %s", reason)
         return True
 
+    # gather and scatter mirror each other's checks line for line on purpose: a shared
+    # helper is one more Python frame on a call whose ~6 us of host time is what a 1-block
+    # copy is measured against (docs/staging-ops.md, issue 23).
     def gather(self, segments: Sequence[KVSegment], block_ids: BlockIds, out: torch.Tensor) -> None:
         plan = self._plan(segments)
         ids = block_ids if type(block_ids) is list else _id_list(block_ids)
