@@ -53,10 +53,11 @@ import logging
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast
 
 from hf3fsctl.errors import Hf3fsctlError, InvalidRequest, MetadataUnavailable, StorageError
-from hf3fsctl.meta.models import Allocation, CommitItem, Location
+from hf3fsctl.meta.models import Allocation, CommitItem, Location, PageLocation
+from hf3fsctl.meta.protocol import LocatesPages
 from hf3fsctl.storage.engine import (
     ERROR_CHECKSUM,
     ERROR_SHORT,
@@ -288,9 +289,11 @@ class PagePieces:
         expected: Sequence[str],
     ) -> list[PageResult]:
         """One `read_pages_scattered` call into the keys' pieces."""
-        return engine.read_pages_scattered(
-            file, pages, [self.pieces[i] for i in indices], expected=list(expected)
+        # `indices` are distinct and ascending (`Tier.load`): as many as keys means all
+        pieces = (
+            self.pieces if len(indices) == len(self.pieces) else [self.pieces[i] for i in indices]
         )
+        return engine.read_pages_scattered(file, pages, pieces, expected=expected)
 
     def deliver(self, indices: list[int]) -> None:
         """Nothing to do: the pages are already in place."""
@@ -501,42 +504,53 @@ class Tier:
         if not keys:
             return LoadOutcome([])
         try:
-            locations = self._call(lambda c: c.locate(self.namespace, self.rank, list(keys)))
+            locations = self._call(lambda c: _locate(c, self.namespace, self.rank, keys))
         except MetadataUnavailable:
             return LoadOutcome([METADATA_DOWN] * count)
         except Hf3fsctlError as exc:
             logger.warning("locating %d pages of %s failed: %s", count, self._where(), exc)
             return LoadOutcome([ERROR] * count)
-        kinds = [
-            NOT_FOUND if loc is None else SIZE if loc.size != self.page_bytes else LOADED
-            for loc in locations
-        ]
-        found = [
-            (i, loc) for i, loc in enumerate(locations) if loc is not None and kinds[i] == LOADED
-        ]
+        page_bytes = self.page_bytes
+        kinds: list[str] = []
+        found: list[int] = []  # indices of the keys to read
+        read: list[Location | PageLocation] = []  # … and where their pages are
+        for i, loc in enumerate(locations):
+            if loc is None:
+                kinds.append(NOT_FOUND)
+            elif loc.size != page_bytes:
+                kinds.append(SIZE)
+            else:
+                kinds.append(LOADED)
+                found.append(i)
+                read.append(loc)
         outcome = LoadOutcome(kinds)
         try:
             results: list[PageResult] | None = into.read(
                 self.engine,
                 self.page_file,
-                [i for i, _ in found],
-                [loc.page for _, loc in found],
-                [loc.checksum for _, loc in found],
+                found,
+                [loc.page for loc in read],
+                [loc.checksum for loc in read],
             )
         except Hf3fsctlError as exc:  # the engine or file is closed, a page out of range
             logger.warning("reading %d pages of %s failed: %s", len(found), self._where(), exc)
             results = None
-        for position, (i, loc) in enumerate(found):
-            if results is None:
+        if results is None:
+            for i in found:
                 kinds[i] = ERROR
-            elif not results[position].ok:
+        else:
+            for i, loc, result in zip(found, read, results, strict=True):
+                if result.ok:
+                    continue
                 # A page that ends early (its file was truncated through it) is torn:
                 # corrupt like a checksum mismatch, not a passing I/O error, so it is
                 # dropped and saved again instead of failing every later load.
-                corrupt = results[position].error in (ERROR_CHECKSUM, ERROR_SHORT)
+                corrupt = result.error in (ERROR_CHECKSUM, ERROR_SHORT)
                 kinds[i] = CHECKSUM if corrupt else IO
                 if corrupt:
-                    outcome.corrupt.append(loc)
+                    outcome.corrupt.append(
+                        loc.to_location() if isinstance(loc, PageLocation) else loc
+                    )
         if outcome.corrupt:
             if invalidate_with is None:
                 outcome.invalidated = self.invalidate(outcome.corrupt)
@@ -565,3 +579,20 @@ class Tier:
 
     def _where(self) -> str:
         return f"namespace {self.namespace} rank {self.rank}"
+
+
+def _locate(
+    client: DataPath, namespace: str, rank: int, keys: Sequence[str]
+) -> Sequence[Location | PageLocation | None]:
+    """`locate`, as tuples where the store offers them (`LocatesPages`: no model per key)."""
+    kind = type(client)
+    offers = _LOCATES_PAGES.get(kind)
+    if offers is None:  # a protocol check costs microseconds: once per client class
+        offers = _LOCATES_PAGES[kind] = isinstance(client, LocatesPages)
+    if offers:
+        return cast(LocatesPages, client).locate_pages(namespace, rank, keys)
+    return client.locate(namespace, rank, list(keys))
+
+
+# Whether each client class offers `locate_pages` (its methods are the class's).
+_LOCATES_PAGES: dict[type, bool] = {}

@@ -18,7 +18,7 @@ state (a namespace id is its manifest's hash) are in the models' docstrings.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, NamedTuple
 
 from pydantic import (
     AfterValidator,
@@ -130,6 +130,22 @@ class Location(_Model):
     page: Page
     checksum: str
     size: int
+
+
+class PageLocation(NamedTuple):
+    """A `Location` as an embedded store hands it to `Tier` (`LocatesPages`): the same
+    fields in a tuple, built from the store's own row without validation (a synchronous
+    load locates tens of pages on the engine thread; a pydantic model is ~1 µs each).
+    Never a request or response body: the HTTP shape stays `Location`."""
+
+    key: str
+    page: int
+    checksum: str
+    size: int
+
+    def to_location(self) -> Location:
+        """The validated model (for `invalidate` and anything else that wants one)."""
+        return Location(key=self.key, page=self.page, checksum=self.checksum, size=self.size)
 
 
 class Allocation(_Model):

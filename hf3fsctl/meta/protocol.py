@@ -62,7 +62,8 @@ Every implementation raises the same typed errors (`hf3fsctl.errors`):
 
 Capabilities only some implementations have are optional protocols, checked with
 `isinstance`, never probed with `getattr`: `SelfChecking` (`check_invariants`),
-`Replicated` (`replication`, Redis). A store that `hf3fsctl serve` can front is a
+`Replicated` (`replication`, Redis), `LocatesPages` (`locate_pages`, SQLite: `locate`
+as tuples, for the engine thread). A store that `hf3fsctl serve` can front is a
 `Store`: it also says whether its `lookup` does I/O (`lookup_does_io`: the server then
 runs lookups off its event loop) and flushes its counters (`flush`).
 """
@@ -85,6 +86,7 @@ from hf3fsctl.meta.models import (
     InvalidateItem,
     Location,
     NamespaceInfo,
+    PageLocation,
     PinInfo,
     PinResult,
     RankFile,
@@ -235,6 +237,19 @@ class SelfChecking(Protocol):
 
     def check_invariants(self) -> list[str]:
         """Every violated invariant, one line each; empty when sound."""
+        ...
+
+
+@runtime_checkable
+class LocatesPages(Protocol):
+    """A store that can answer `locate` with plain tuples (`PageLocation`): the SQLite
+    store, in process, where `Tier.load` runs on the engine thread. Same contract as
+    `locate` (the read lease included); only the result's type differs."""
+
+    def locate_pages(
+        self, namespace: str, rank: int, keys: Sequence[str]
+    ) -> list[PageLocation | None]:
+        """`locate`, as `PageLocation`s."""
         ...
 
 

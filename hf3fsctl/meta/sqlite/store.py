@@ -45,7 +45,7 @@ from pydantic import TypeAdapter
 
 from hf3fsctl.errors import MetadataUnavailable, NotFound
 from hf3fsctl.keys import check_namespace_id
-from hf3fsctl.meta.base import Attempt, StoreCore
+from hf3fsctl.meta.base import Attempt, StoreCore, require_keys
 from hf3fsctl.meta.giveback import GiveBack
 from hf3fsctl.meta.models import (
     Allocation,
@@ -57,6 +57,7 @@ from hf3fsctl.meta.models import (
     EvictResult,
     Location,
     NamespaceInfo,
+    PageLocation,
     PinInfo,
     PinResult,
     RankFile,
@@ -314,19 +315,22 @@ class MetadataStore(SqliteDatabase, StoreCore):
         # one validation of the whole list, in pydantic's core: cheaper than building
         # each `Location` unvalidated (`model_construct` runs Python per field)
         return _LOCATIONS.validate_python(
-            [
-                None
-                if row is None
-                else {"key": key, "page": row[0], "checksum": row[1], "size": row[2]}
-                for key in keys
-                for row in (found.get(key),)
-            ]
+            [None if row is None else row._asdict() for row in map(found.get, keys)]
         )
+
+    def locate_pages(
+        self, namespace: str, rank: int, keys: Sequence[str]
+    ) -> list[PageLocation | None]:
+        """`locate` as tuples (`LocatesPages`): the rows the lease statement returned,
+        without a model each (what `Tier.load` reads on the engine thread)."""
+        require_keys(keys)
+        check_namespace_id(namespace)
+        return list(map(self._locate_rows(namespace, rank, keys).get, keys))
 
     def _locate_rows(
         self, namespace: str, rank: int, keys: Sequence[str]
-    ) -> dict[str, tuple[int, str, int]]:
-        """`(page, checksum, size)` of each committed, unexpired key of `keys`; takes the
+    ) -> dict[str, PageLocation]:
+        """The `PageLocation` of each committed, unexpired key of `keys`; takes the
         leases, and renews the expiry of entries committed with `renew_on_read`.
 
         The leases (with the hit counts and access times) are taken by the statement
@@ -334,7 +338,7 @@ class MetadataStore(SqliteDatabase, StoreCore):
         is found once, through `entries_by_key`.
         """
         now = time.time()
-        found: dict[str, tuple[int, str, int]] = {}
+        found: dict[str, PageLocation] = {}
         renew: list[int] = []
         with self._write() as conn:
             self._ranks_of(conn, namespace)
@@ -348,7 +352,7 @@ class MetadataStore(SqliteDatabase, StoreCore):
                     " RETURNING key, page, checksum, size, renew_s",
                     (now, now + self.lease_s, namespace, *chunk, rank, now),
                 ):
-                    found[key] = (page, checksum, size)
+                    found[key] = PageLocation(key, page, checksum, size)
                     if renew_s is not None:
                         renew.append(page)
             for chunk_pages in _chunks(renew):
