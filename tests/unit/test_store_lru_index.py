@@ -1,4 +1,4 @@
-"""Eviction by index on SQLite (issue 21): the victims come from `key_lru_by_age` walked
+"""Eviction by index on SQLite (issue 21): the victims come from `key_lru_unpinned` walked
 in order with a LIMIT — no sort of every entry — and they are the same keys the old
 full `GROUP BY … ORDER BY MAX(last_access), MAX(depth) DESC` query chose.
 
@@ -74,7 +74,8 @@ def test_admin_victims_walk_the_age_index_from_the_last_batch_without_a_sort(
         "limit": 4,
     }
     for index, pins in (
-        ("key_lru_by_age", ""),
+        ("key_lru_unpinned", " AND l.pinned = 0"),  # --include-pinned: both LRU indexes
+        ("key_lru_pinned", " AND l.pinned = 1"),
         ("key_lru_unpinned", eviction._ADMIN_NOT_PINNED),
     ):
         plan = _plan(conn, eviction.ADMIN_VICTIMS.format(index=index, pins=pins), args)
@@ -225,3 +226,59 @@ def test_lookup_reads_committed_ranks_from_disk_on_new_and_older_stores(tmp_path
     reader = MetadataStore(tmp_path / "m.db", read_only=True)
     assert reader.lookup(ns, chain) == held
     reader.close()
+
+
+def _lru_indexes(conn: sqlite3.Connection) -> set[str]:
+    rows = conn.execute(
+        "SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = 'key_lru'"
+        " AND sql IS NOT NULL"
+    )
+    return {name for (name,) in rows}
+
+
+def test_each_key_is_in_one_lru_index(tmp_path: Path) -> None:
+    """A touch (every `locate`) moves a key in one LRU index, not two (issue 23)."""
+    db, _, _ = _random_store(tmp_path, seed=7)
+    conn = sqlite3.connect(db)
+    assert _lru_indexes(conn) == {"key_lru_unpinned", "key_lru_pinned", "key_lru_by_expiry"}
+    total, unpinned, pinned = conn.execute(
+        "SELECT COUNT(*), SUM(pinned = 0), SUM(pinned = 1) FROM key_lru"
+    ).fetchone()
+    assert pinned > 0 and unpinned + pinned == total
+    conn.close()
+
+
+def test_a_store_with_the_age_index_of_every_key_loses_it_on_a_writable_open(
+    tmp_path: Path,
+) -> None:
+    """Stores written before kept `key_lru_by_age` beside `key_lru_unpinned`; a writable
+    open drops it and builds `key_lru_pinned`, and admin eviction still takes pinned keys
+    in LRU order with `include_pinned`."""
+    db = tmp_path / "m.db"
+    store = MetadataStore(db)
+    ns = register(store)
+    chain = keys(6)
+    store_keys(store, ns, chain)
+    store.pin(ns, chain[:2])
+    store.locate(ns, 0, chain[:1])  # the newest access: evicted last
+    store.close()
+    conn = sqlite3.connect(db, isolation_level=None)
+    conn.executescript(
+        "BEGIN; DROP INDEX key_lru_pinned;"
+        " CREATE INDEX key_lru_by_age ON key_lru (namespace, last_access, depth DESC); COMMIT;"
+    )
+    conn.close()
+    reader = MetadataStore(db, read_only=True)  # a reader changes nothing
+    reader.close()
+    conn = sqlite3.connect(db)
+    assert "key_lru_by_age" in _lru_indexes(conn)
+    conn.close()
+    store = MetadataStore(db)
+    conn = sqlite3.connect(db)
+    assert _lru_indexes(conn) == {"key_lru_unpinned", "key_lru_pinned", "key_lru_by_expiry"}
+    conn.close()
+    assert store.check_invariants() == []
+    first = store.evict(EvictRequest(max_entries=5, include_pinned=True))
+    assert first.keys == 5
+    assert store.lookup(ns, chain[:1]) == 1  # the key touched last is the one left
+    store.close()

@@ -134,7 +134,7 @@ _EVICTABLE = (
     " AND NOT EXISTS (SELECT 1 FROM pins p WHERE p.namespace = l.namespace AND p.key = l.key"
     " AND (p.expires = 0 OR p.expires > :now))"
 )
-# The oldest evictable keys of one namespace: `key_lru_by_age` walked in order, stopping
+# The oldest evictable keys of one namespace: `key_lru_unpinned` walked in order, stopping
 # after :limit (no sort, no scan of the rest).
 VICTIMS_OF_NAMESPACE = (
     "SELECT l.last_access, -l.depth, l.namespace, l.key FROM key_lru l"
@@ -186,7 +186,7 @@ def choose_victims(
 
     Evictable: committed on every rank it has, none pending, no read lease, not pinned.
     LRU order: last access, then chain tails (greatest depth) first. Each namespace's
-    keys come from its `key_lru_by_expiry` and `key_lru_by_age` walks (O(limit log n));
+    keys come from its `key_lru_by_expiry` and `key_lru_unpinned` walks (O(limit log n));
     several namespaces are merged lazily, so each is read only as far as its keys are
     among the first. The Redis twin is `choose_victims` in `redis/lua/eviction.lua`
     (docs/design.md, "Eviction").
@@ -291,7 +291,7 @@ def choose_file_victims(
     expired: bool = False,
 ) -> list[tuple[str]]:
     """The eviction decision of a full fixed-size file: the least-recently-used keys of
-    the namespace (chain tails first, `key_lru_by_age` walked in order) committed on
+    the namespace (chain tails first, `key_lru_unpinned` walked in order) committed on
     `rank`, not leased there, not pinned — or, with `expired`, its expired such keys,
     which go first (`key_lru_by_expiry`); the caller skips keys pending or leased on
     another rank. Redis: `evict_lru` with `need_rank` (`redis/lua/eviction.lua`)."""
@@ -374,7 +374,8 @@ def invalidate_pages(
     return dropped
 
 
-# Admin candidates of one namespace: `key_lru_by_age` walked from just after the last
+# Admin candidates of one namespace: an LRU index (`key_lru_unpinned`, or `key_lru_pinned`
+# for the pinned ones) walked from just after the last
 # key a batch returned (:after_access, :after_depth, :after_key: keyset paging, so a
 # batch never re-walks the keys before it), keys older than :before, none pending.
 # Leased keys may go (their pages wait for the lease); pinned ones only when asked.
@@ -391,6 +392,11 @@ ADMIN_VICTIMS = (
 _ADMIN_NOT_PINNED = (
     " AND l.pinned = 0 AND NOT EXISTS (SELECT 1 FROM pins p WHERE p.namespace = l.namespace AND p.key = l.key"
     " AND (p.expires = 0 OR p.expires > :now))"
+)
+# `evict --include-pinned`: every key, from both LRU indexes (each key is in one).
+_ADMIN_ALL = (
+    ADMIN_VICTIMS.format(index="key_lru_unpinned", pins=" AND l.pinned = 0"),
+    ADMIN_VICTIMS.format(index="key_lru_pinned", pins=" AND l.pinned = 1"),
 )
 
 
@@ -425,21 +431,22 @@ def choose_admin_victims(
 ) -> Iterator[tuple[str, str]]:
     """The eviction decision of `hf3fsctl evict`: committed keys of the request's scope
     (leased ones too; pinned ones only with `include_pinned`), LRU first, chain tails
-    first among equally old keys, lazily: each namespace's `key_lru_by_age` walk in
-    batches, merged, so `evict_entries` reads only as far as the request's target
-    (O(k log n) for k keys evicted). Redis: `redis/lua/evict.lua`."""
+    first among equally old keys, lazily: each namespace's LRU index walks in batches
+    (`key_lru_unpinned`, and `key_lru_pinned` with `include_pinned`), merged, so
+    `evict_entries` reads only as far as the request's target (O(k log n) for k keys
+    evicted). Redis: `redis/lua/evict.lua`."""
     drop_expired_pins(conn, now)
-    query = (
-        ADMIN_VICTIMS.format(index="key_lru_by_age", pins="")
+    queries = (
+        _ADMIN_ALL
         if request.include_pinned
-        else ADMIN_VICTIMS.format(index="key_lru_unpinned", pins=_ADMIN_NOT_PINNED)
+        else (ADMIN_VICTIMS.format(index="key_lru_unpinned", pins=_ADMIN_NOT_PINNED),)
     )
     before = float("inf") if request.older_than_s is None else now - request.older_than_s
     if request.namespace:
         names = [request.namespace]
     else:
         names = [ns for (ns,) in conn.execute("SELECT id FROM namespaces ORDER BY id")]
-    walks = [_admin_walk(conn, query, ns, now, before) for ns in names]
+    walks = [_admin_walk(conn, query, ns, now, before) for ns in names for query in queries]
     for _, _, ns, key in heapq.merge(*walks) if len(walks) != 1 else walks[0]:
         yield ns, key
 

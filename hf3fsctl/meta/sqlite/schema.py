@@ -171,8 +171,8 @@ END;
 # entries, with the latest `last_access` and the greatest `depth` of its entries (an
 # access time only moves forward: a clock stepping back leaves the later one) and how
 # many ranks hold it committed (`lookup` reads that: no copy of the key set in memory).
-# Eviction walks `key_lru_by_age` from the oldest key and stops after the victims it
-# needs: O(k log n). Created, and filled from `entries`, by any writable open of a store
+# Eviction walks the LRU order (`key_lru_unpinned`, below) from the oldest key and stops
+# after the victims it needs: O(k log n). Created, and filled from `entries`, by any writable open of a store
 # that lacks it (no format step: older processes keep writing the store, and the
 # triggers keep the table right under them).
 KEY_LRU_TABLE = "key_lru"
@@ -187,7 +187,6 @@ CREATE TABLE IF NOT EXISTS key_lru (
     pinned INTEGER NOT NULL DEFAULT 0,
     PRIMARY KEY (namespace, key)
 ) WITHOUT ROWID;
-CREATE INDEX IF NOT EXISTS key_lru_by_age ON key_lru (namespace, last_access, depth DESC);
 CREATE TRIGGER IF NOT EXISTS key_lru_on_insert AFTER INSERT ON entries
 BEGIN
     INSERT INTO key_lru (namespace, key, last_access, depth, committed)
@@ -264,7 +263,11 @@ OPEN_COLUMNS = [
 #   without one: LRU eviction walks it, so pinned keys at the head of the LRU order are
 #   not walked again by every eviction swing (O(k log n) however many are pinned). A
 #   pin past its TTL keeps its row until eviction drops expired pins first
-#   (`pins_by_expiry`; `eviction.drop_expired_pins`).
+#   (`pins_by_expiry`; `eviction.drop_expired_pins`). `key_lru_pinned` is the same order
+#   of the pinned keys: an admin `evict --include-pinned` walks both, merged. Each key is
+#   in one of the two, so a `locate` moves each key it touches in one LRU index (issue
+#   23: the touch trigger's cost); stores written before kept a third, `key_lru_by_age`,
+#   of every key, which a writable open drops (`add_open_columns`).
 EXPIRY_DDL = """
 CREATE INDEX IF NOT EXISTS key_lru_by_expiry ON key_lru (namespace, expires_at)
     WHERE expires_at IS NOT NULL;
@@ -286,6 +289,8 @@ BEGIN
 END;
 CREATE INDEX IF NOT EXISTS key_lru_unpinned ON key_lru (namespace, last_access, depth DESC)
     WHERE pinned = 0;
+CREATE INDEX IF NOT EXISTS key_lru_pinned ON key_lru (namespace, last_access, depth DESC)
+    WHERE pinned = 1;
 CREATE INDEX IF NOT EXISTS pins_by_expiry ON pins (expires) WHERE expires != 0;
 CREATE TRIGGER IF NOT EXISTS key_lru_on_pin AFTER INSERT ON pins
 BEGIN
@@ -341,6 +346,11 @@ def add_open_columns(conn: sqlite3.Connection) -> None:
             "UPDATE key_lru SET pinned = 1 WHERE EXISTS (SELECT 1 FROM pins p"
             " WHERE p.namespace = key_lru.namespace AND p.key = key_lru.key)"
         )
+    # The LRU order of every key, pinned or not, in one more index (stores written before
+    # issue 23's fourth round): `key_lru_unpinned` and `key_lru_pinned` hold it now. An
+    # older process that opens the store for writing creates it again (its DDL names it)
+    # and keeps it up to date meanwhile; its `evict --include-pinned` needs it.
+    conn.execute("DROP INDEX IF EXISTS key_lru_by_age")
     for statement in _statements(EXPIRY_DDL):
         conn.execute(statement)
 
