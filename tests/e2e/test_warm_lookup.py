@@ -31,7 +31,11 @@ from hf3fsctl.vllm_tools.runner import EngineResult, EngineRun, run_engine
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
+# Eager, like every engine `run_engine` starts: a store made by `init` has no `vllm:` args,
+# so `warm` would run vLLM's default, a torch.compile'd engine, whose start costs 25-40 s
+# on 2 cores (eager: ~7 s). test_verify's mixed store warms a compiled engine.
 ENGINE_FLAGS = ["--dtype", DTYPE, "--block-size", str(BLOCK), "--kv-cache-memory", "64MiB"]
+ENGINE_FLAGS += ["--engine-arg", "enforce_eager=true"]
 WORDS = [
     "alpha",
     "beta",
