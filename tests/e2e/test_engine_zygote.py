@@ -36,21 +36,33 @@ def _spec(model: Path, **overrides: object) -> EngineRun:
     return EngineRun(**(fields | overrides))  # type: ignore[arg-type]
 
 
-@pytest.fixture()
-def own_zygote(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[zygote.Zygote]:
-    """A zygote of this test only (the session's may be off or shared)."""
-    started = zygote.Zygote.start(tmp_path / "zygote.sock", child_env())
-    monkeypatch.setenv(zygote.ZYGOTE_ENV, str(started.path))
-    yield started
-    started.stop()
+@pytest.fixture(scope="module")
+def forked_then_gone(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """One spec run twice: forked from a zygote (the session's, else one of this module),
+    then with `ENGINE_ZYGOTE_SOCKET` naming a zygote that was started and stopped (gone),
+    where `run_engine` must fall back to a fresh `python -m` start. The fresh run is both
+    tests' (one `python -m` start costs ~10-15 s of vLLM import on 2 cores)."""
+    tmp = tmp_path_factory.mktemp("zygote-runs")
+    with pytest.MonkeyPatch.context() as patch:
+        own = None
+        if not os.environ.get(zygote.ZYGOTE_ENV):
+            own = zygote.Zygote.start(tmp / "zygote.sock", child_env())
+            patch.setenv(zygote.ZYGOTE_ENV, str(own.path))
+        try:
+            forked = run_engine(_spec(tiny_model))
+        finally:
+            if own is not None:
+                own.stop()
+        gone = zygote.Zygote.start(tmp / "gone.sock", child_env())
+        gone.stop()
+        assert gone.path.exists(), "a gone zygote leaves its socket behind"
+        patch.setenv(zygote.ZYGOTE_ENV, str(gone.path))
+        fresh = run_engine(_spec(tiny_model))
+    return {"forked": forked, "fresh": fresh}
 
 
-def test_forked_run_gives_the_fresh_run_tokens(
-    tiny_model: Path, own_zygote: zygote.Zygote, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    forked = run_engine(_spec(tiny_model))
-    monkeypatch.delenv(zygote.ZYGOTE_ENV)
-    fresh = run_engine(_spec(tiny_model))
+def test_forked_run_gives_the_fresh_run_tokens(forked_then_gone: dict[str, Any]) -> None:
+    forked, fresh = forked_then_gone["forked"], forked_then_gone["fresh"]
     assert (forked.started, fresh.started) == ("forked", "fresh")
     assert forked.outputs == fresh.outputs
     assert all(len(out) == 8 for out in forked.outputs)
@@ -60,11 +72,8 @@ def test_forked_run_gives_the_fresh_run_tokens(
     assert forked.engine_info == fresh.engine_info
 
 
-def test_gone_zygote_falls_back_to_a_fresh_start(
-    tiny_model: Path, own_zygote: zygote.Zygote
-) -> None:
-    own_zygote.stop()
-    result = run_engine(_spec(tiny_model))
+def test_gone_zygote_falls_back_to_a_fresh_start(forked_then_gone: dict[str, Any]) -> None:
+    result = forked_then_gone["fresh"]
     assert result.started == "fresh"
     assert all(len(out) == 8 for out in result.outputs)
 
@@ -163,6 +172,9 @@ def test_a_forked_warm_prints_one_json_document_and_saves_as_a_fresh_one(
         args = ["warm", "--config", str(config), "--model", str(tiny_model)]
         args += ["--prompts", str(prompts), "--dtype", DTYPE, "--block-size", str(BLOCK)]
         args += ["--kv-cache-memory", "64MiB", "--json"]
+        # Eager: a compiled engine start (vLLM's default) costs 25-40 s more per warm on 2
+        # cores; test_verify's mixed store warms a compiled engine through the CLI zygote.
+        args += ["--engine-arg", "enforce_eager=true"]
         if name == "forked":
             done = zygote.run_forked(
                 cli_zygote, args, cli_env(), tmp_path, RUN_TIMEOUT_S, module="hf3fsctl"
