@@ -315,7 +315,12 @@ class MetadataStore(SqliteDatabase, StoreCore):
         # one validation of the whole list, in pydantic's core: cheaper than building
         # each `Location` unvalidated (`model_construct` runs Python per field)
         return _LOCATIONS.validate_python(
-            [None if row is None else row._asdict() for row in map(found.get, keys)]
+            [
+                None
+                if row is None
+                else {"key": row.key, "page": row.page, "checksum": row.checksum, "size": row.size}
+                for row in map(found.get, keys)
+            ]
         )
 
     def locate_pages(
