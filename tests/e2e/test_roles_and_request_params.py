@@ -7,7 +7,9 @@
   runs) with the connector, requests carrying `kv_transfer_params` in the body:
   `save: false` leaves no entry, `retention: 1` is gone (never looked up again) after a
   second, `pin: true` shows in `hf3fsctl ls --pins`, and a later request loads the
-  pinned prompt from the store; every completion's tokens equal a no-connector server's.
+  pinned prompt from the store; every completion's tokens equal those of a no-connector
+  engine with the server's engine args (offline, `run_engine`: a second server start
+  cost two more vLLM imports and an API server start, ~30 s on 2 cores).
 """
 
 from __future__ import annotations
@@ -29,12 +31,21 @@ from helpers.servers import free_port
 from hf3fsctl.config import load_config
 from hf3fsctl.meta.client import connect
 from hf3fsctl.meta.protocol import MetadataClient
-from hf3fsctl.vllm_tools.runner import EngineResult, child_env, shared_prefix_prompts
+from hf3fsctl.vllm_tools.runner import (
+    EngineResult,
+    EngineRun,
+    child_env,
+    run_engine,
+    shared_prefix_prompts,
+)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 SERVER_START_S = 300.0
 MAX_TOKENS = 8
+# One core left to the API server process: the engine's threads get the other (the
+# no-connector engine gets the same, so both compute with one OpenMP thread).
+RESERVED_CPU = {"VLLM_CPU_NUM_OF_RESERVED_CPU": "1"}
 
 
 def _role(store: E2EStore, role: str) -> dict[str, Any]:
@@ -115,7 +126,7 @@ def _openai_server(
     ]
     if kv_transfer_config is not None:
         argv += ["--kv-transfer-config", json.dumps(kv_transfer_config)]
-    env = child_env({"VLLM_CPU_NUM_OF_RESERVED_CPU": "1"})
+    env = child_env(RESERVED_CPU)
     env.pop("VLLM_ENABLE_V1_MULTIPROCESSING")  # the server's engine core is its own process
     url = f"http://127.0.0.1:{port}"
     with log.open("wb") as out:
@@ -142,6 +153,28 @@ def _openai_server(
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait()
+
+
+def _no_connector_tokens(model: Path, prompts: list[list[int]]) -> list[list[int]]:
+    """What `_openai_server(model, None, ...)` answers `_complete(url, prompt, None)` with:
+    the server's engine args (eager, seed 0, no prefix caching, the block size, dtype, KV
+    memory and max_model_len) without a connector, one request at a time, greedy."""
+    result = run_engine(
+        EngineRun(
+            model=str(model),
+            prompts=prompts,
+            max_tokens=MAX_TOKENS,
+            block_size=BLOCK,
+            dtype=DTYPE,
+            kv_cache_memory_bytes=64 << 20,
+            max_model_len=4096,
+            warmup_tokens=0,
+            env=RESERVED_CPU,
+            engine_args={"enable_prefix_caching": False},
+            timeout_s=SERVER_START_S,
+        )
+    )
+    return result.outputs
 
 
 def _complete(url: str, prompt: list[int], params: dict[str, Any] | None) -> list[int]:
@@ -185,8 +218,7 @@ def test_openai_requests_carry_kv_transfer_params(tiny_model: Path, tmp_path: Pa
         (pinned, {"pin": True, "keep_me": "x"}),  # an unknown key: a warning, no error
         (pinned, None),  # loads the pinned prompt from the store
     ]
-    with _openai_server(tiny_model, None, tmp_path / "baseline.log") as url:
-        expected = [_complete(url, prompt, None) for prompt, _ in requests]
+    expected = _no_connector_tokens(tiny_model, [prompt for prompt, _ in requests])
     client = _client(store)
     try:
         with _openai_server(tiny_model, store.kv_config(), tmp_path / "server.log") as url:
