@@ -253,6 +253,9 @@ def warm_under_eviction(
     MetadataStore(evicted_store.db_path).close()  # warm needs a store (as `init` makes)
     engine = ["--dtype", DTYPE, "--block-size", str(BLOCK), "--kv-cache-memory", "64MiB"]
     engine += ["--max-model-len", "4096"]
+    # Eager, as every `run_engine` engine: the store has no `vllm:` args, and vLLM's default
+    # (torch.compile) costs 25-40 s more at engine start on 2 cores, before any commit.
+    engine += ["--engine-arg", "enforce_eager=true"]
     command = ["warm", "--config", config, "--model", str(fault_model), "--prompts"]
     report = WarmUnderEviction(returncode=-1, stderr="")
     done = threading.Event()
