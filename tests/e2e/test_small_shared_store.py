@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -25,6 +24,7 @@ from typing import Any
 
 import pytest
 from e2e_scenario import BLOCK, DTYPE, RUN_TIMEOUT_S
+from helpers.cli_runner import run_hf3fsctl
 
 from hf3fsctl.storage.extents import disk_bytes
 from hf3fsctl.vllm_tools.runner import EngineResult, EngineRun, run_engine, shared_prefix_prompts
@@ -36,14 +36,9 @@ PAGE_BYTES = 2 * 2 * 2 * 64 * BLOCK * 4  # tiny model: layers x K,V x heads x di
 
 
 def hf3fsctl(*args: str, as_json: bool = True) -> dict[str, Any]:
-    """Run the real CLI in a child process; the JSON document it prints."""
-    done = subprocess.run(
-        [sys.executable, "-m", "hf3fsctl", *args, *(["--json"] if as_json else [])],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert done.returncode == 0, done.stderr
+    """Run the real CLI as a fresh process (`helpers.cli_runner`: the CLI zygote's child);
+    the JSON document it prints."""
+    done = run_hf3fsctl(*args, *(["--json"] if as_json else []), timeout=120, check=True)
     document: dict[str, Any] = json.loads(done.stdout)
     return document
 
@@ -68,17 +63,15 @@ def tmpfs(size: int) -> Iterator[Path]:
 
 
 @pytest.fixture(scope="module")
-def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """Two tiny models of the same shape and different weights (different namespaces)."""
+def models(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Two tiny models of the same shape and different weights (different namespaces): A
+    is the session's (seed 0, read-only here), B the same shape with seed 1."""
     from dataclasses import replace
 
     from hf3fsctl.vllm_tools.tiny_model import SIZES, build_tiny_model
 
     root = tmp_path_factory.mktemp("capacity-models")
-    return {
-        "A": build_tiny_model(root / "a", SIZES["tiny"]),
-        "B": build_tiny_model(root / "b", replace(SIZES["tiny"], seed=1)),
-    }
+    return {"A": tiny_model, "B": build_tiny_model(root / "b", replace(SIZES["tiny"], seed=1))}
 
 
 PROMPTS = shared_prefix_prompts(2, 8 * BLOCK, 3 * BLOCK + 5, seed=11)  # 14 distinct blocks
