@@ -245,9 +245,14 @@ def _one_block(doc: dict[str, Any], args: argparse.Namespace, generator: torch.G
     geometries = {"llama8b-bf16-LBNHC": (32, 65536, "layer_outer", "default geometry")}
     geometries.update(GEOMETRIES)
     doc["one_block"] = []
-    for name, (layers, page, layout, _) in geometries.items():
-        doc["one_block"].append(_one_block_row(name, layers, page, layout, args, generator))
-        torch.cuda.empty_cache()
+    # The connector copies on its own streams; --side-stream times the copy and the call on
+    # one (cudaMemcpyBatchAsync refuses the legacy default stream).
+    stream = torch.cuda.Stream() if args.side_stream else None  # type: ignore[no-untyped-call]
+    doc["one_block_stream"] = "side" if stream is not None else "default"
+    with torch.cuda.stream(stream):
+        for name, (layers, page, layout, _) in geometries.items():
+            doc["one_block"].append(_one_block_row(name, layers, page, layout, args, generator))
+            torch.cuda.empty_cache()
 
 
 def _one_block_row(
@@ -255,7 +260,8 @@ def _one_block_row(
     generator: torch.Generator,
 ) -> dict[str, Any]:  # fmt: skip
     block_bytes = layers * page
-    seg = _segment(layers, page, layout, max(64, (1 << 30) // block_bytes), "cuda")
+    cache_blocks = args.one_block_cache_blocks or max(64, (1 << 30) // block_bytes)
+    seg = _segment(layers, page, layout, cache_blocks, "cuda")
     block = int(torch.randint(seg.num_blocks, (1,), generator=generator))
     table = torch.empty(1, block_bytes, dtype=torch.uint8, pin_memory=True).random_(0, 256)
     flat = torch.empty(block_bytes, dtype=torch.uint8, pin_memory=True).random_(0, 256)
@@ -276,13 +282,15 @@ def _one_block_row(
                     samples[f"{variant}/{op}"].append(seconds)
     median = {k: statistics.median(v) * 1e6 for k, v in samples.items()}
     row: dict[str, Any] = {"geometry": name, "bytes": block_bytes, "layout": layout,
-                           "median_us": median}  # fmt: skip
+                           "cache_blocks": cache_blocks, "median_us": median}  # fmt: skip
     for variant in fns:
         if variant != "copy":
             row[f"{variant}_over_copy"] = {
                 "gather": median[f"{variant}/g"] / median["copy/g"],
                 "scatter": median[f"{variant}/s"] / median["copy/s"],
             }
+
+    row["verified"] = _one_block_verified(seg, block, table)
 
     def pinned_query() -> None:
         table.is_pinned()
@@ -294,6 +302,19 @@ def _one_block_row(
         "is_pinned": _host_us(pinned_query),
     }
     return row
+
+
+def _one_block_verified(seg: KVSegment, block: int, table: torch.Tensor) -> bool:
+    """Whether the public calls moved exactly the block's bytes, both ways (fresh data)."""
+    view = seg.blocks_view()
+    table.random_(0, 256)
+    gather_blocks([seg], [block], table)
+    torch.cuda.synchronize()
+    gathered = torch.equal(table[0], view[block].reshape(-1).cpu())
+    table.random_(0, 256)
+    scatter_blocks([seg], [block], table)
+    torch.cuda.synchronize()
+    return gathered and torch.equal(view[block].reshape(-1).cpu(), table[0])
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -468,6 +489,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--only-one-block", action="store_true", help="the one-block comparison alone"
     )
+    parser.add_argument(
+        "--one-block-cache-blocks", type=int, default=None,
+        help="blocks per layer of the one-block caches (default ~1 GiB of them; the layer "
+        "stride is this times the page, a power of two by default)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--side-stream", action="store_true",
+        help="run the one-block comparison on a side stream (as the connector does)",
+    )  # fmt: skip
     parser.add_argument("--json", action="store_true", help="one JSON document on stdout")
     parser.add_argument("--out", type=Path, default=None, help="also write the JSON here")
     args = parser.parse_args(argv)

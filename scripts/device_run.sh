@@ -13,7 +13,8 @@
 #   ab: quick, plus the one-block comparison (public call / pinned copy per page size)
 #   of an earlier checkout carried in build/ab-before/ (its hf3fsctl/ and this
 #   benchmarks/bench_staging.py; carry it), each in its own process: before, after, before,
-#   after, in one session.
+#   after, in one session; then this checkout's one-block comparison twice more with
+#   1999 blocks per layer (a layer stride that is not a power of two) and on a side stream.
 set -uo pipefail
 OUT=${OUT:-/tmp/hf3fsctl-device-run}
 mkdir -p "$OUT"
@@ -99,15 +100,22 @@ if [ "${1:-}" = ab ]; then
     "$PY" benchmarks/bench_staging.py --only-one-block --out "$OUT/one-after$i.json" \
       > "$OUT/one-after$i.log" 2>&1 || status=1
   done
+  for i in 1 2; do
+    "$PY" benchmarks/bench_staging.py --only-one-block --one-block-cache-blocks 1999 \
+      --out "$OUT/one-odd$i.json" > "$OUT/one-odd$i.log" 2>&1 || status=1
+    "$PY" benchmarks/bench_staging.py --only-one-block --side-stream \
+      --out "$OUT/one-side$i.json" > "$OUT/one-side$i.log" 2>&1 || status=1
+  done
   "$PY" - "$OUT" <<'EOF' || status=1
 import json, sys
 print("run geometry KiB | copy_us g/s | call_us g/s | call/copy g/s | host_us copy/call_g/call_s/is_pinned")
-for label in ("before1", "after1", "before2", "after2"):
+for label in ("before1", "after1", "before2", "after2", "odd1", "odd2", "side1", "side2"):
     for r in json.load(open(f"{sys.argv[1]}/one-{label}.json")).get("one_block", []):
         m, c, h = r["median_us"], r["call_over_copy"], r["host_us"]
         print(label, r["geometry"], r["bytes"] // 1024, f"| {m['copy/g']:.1f}/{m['copy/s']:.1f}",
               f"| {m['call/g']:.1f}/{m['call/s']:.1f}", f"| {c['gather']:.2f}/{c['scatter']:.2f}",
-              f"| {h['copy_gather']:.1f}/{h['call_gather']:.1f}/{h['call_scatter']:.1f}/{h['is_pinned']:.1f}")
+              f"| {h['copy_gather']:.1f}/{h['call_gather']:.1f}/{h['call_scatter']:.1f}/{h['is_pinned']:.1f}",
+              "" if r.get("verified", True) else "| WRONG BYTES")
 EOF
 fi
 

@@ -164,6 +164,38 @@ def test_pageable_host_staging_round_trips_through_gather_blocks(
     assert torch.equal(seg.buffer.cpu(), expected.buffer) and torch.equal(back, src)
 
 
+# One block, as the connector's 1-block saves and loads move it: layer-outermost pages of
+# 16 KiB (the fp8 TP 2 row) and 9 KiB (MLA fp8), 64 KiB (bf16), a narrow page off 16 bytes,
+# and block-outermost (one flat range).
+ONE_BLOCK = [(32, 16384, "layer_outer", 0), (61, 9216, "layer_outer", 0),
+             (8, 65536, "layer_outer", 0), (6, 4104, "layer_outer", 1),
+             (32, 16384, "block_outer", 0)]  # fmt: skip
+ONE_BLOCK_IDS = [f"{g[2]}-{g[0]}x{g[1]}-O{g[3]}" for g in ONE_BLOCK]
+
+
+@pytest.mark.parametrize("pinned", [True, False], ids=["pinned", "pageable"])
+@pytest.mark.parametrize("geometry", ONE_BLOCK, ids=ONE_BLOCK_IDS)
+def test_one_block_round_trips_exactly_its_pages(
+    cuda_ops: _CompiledOps, geometry: tuple[int, int, str, int], pinned: bool
+) -> None:
+    layers, page, layout, offset = geometry
+    seg = make_segment(layers, 6, page, layout, offset=offset, device="cuda", seed=8)
+    expected_page = torch.empty(1, seg.page_bytes, dtype=torch.uint8)
+    gather_blocks_reference([twin(seg)], [4], expected_page)
+    out = torch.full_like(expected_page, 0xA5)
+    out = out.pin_memory() if pinned else out
+    cuda_ops.gather([seg], [4], out)
+    torch.cuda.synchronize()
+    src = torch.randint(0, 256, expected_page.shape, dtype=torch.uint8)
+    src = src.pin_memory() if pinned else src
+    expected_cache = twin(seg)
+    scatter_blocks_reference([expected_cache], [1], src)
+    cuda_ops.scatter([seg], [1], src)
+    torch.cuda.synchronize()
+    assert torch.equal(out, expected_page)
+    assert torch.equal(seg.buffer.cpu(), expected_cache.buffer)  # block 1 only, every byte
+
+
 def test_the_dispatch_point_uses_the_compiled_cuda_ops(cuda_ops: _CompiledOps) -> None:
     active = _ops()
     assert isinstance(active, _CompiledOps) and "cuda" in active.devices
