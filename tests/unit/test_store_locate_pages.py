@@ -40,3 +40,21 @@ def test_locate_pages_takes_the_read_lease(tmp_path: Path) -> None:
     assert located[0].page not in {a.page for a in fresh.allocated}
     assert store.check_invariants() == []
     store.close()
+
+
+def test_a_locate_padded_to_its_statement_size_leases_and_counts_each_key_once(
+    tmp_path: Path,
+) -> None:
+    """The lease statement's IN list is padded to a few fixed sizes (by repeating the last
+    key): the repeats find no second row, so a key's hits grow by one per locate."""
+    store = MetadataStore(tmp_path / "m.db")
+    ns = register(store)
+    chain = keys(10)
+    store_keys(store, ns, chain)
+    for count in (1, 3, 9, 10):  # sizes that pad to 8 and to 32, and one that fills 8
+        located = store.locate_pages(ns, 0, chain[:count])
+        assert [page.key for page in located if page is not None] == chain[:count]
+    hits = {entry.key: entry.hits for entry in store.list_entries(ns)}
+    assert [hits[key] for key in chain] == [4, 3, 3, 2, 2, 2, 2, 2, 2, 1]
+    assert store.check_invariants() == []
+    store.close()
