@@ -10,7 +10,8 @@ shorter than a block and one exactly `N` blocks long.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ from e2e_scenario import (
     EXACT_BLOCKS,
     LONG,
     PREFIX,
+    RESERVED_CPU,
     RUN_TIMEOUT_S,
     SHORT,
     STEP_BUDGET,
@@ -29,7 +31,14 @@ from e2e_scenario import (
     make_store,
 )
 
-from hf3fsctl.vllm_tools.runner import EngineResult, EngineRun, run_engine, shared_prefix_prompts
+from hf3fsctl.vllm_tools.runner import (
+    EngineResult,
+    EngineRun,
+    child_env,
+    run_engine,
+    shared_prefix_prompts,
+)
+from hf3fsctl.vllm_tools.zygote import ZYGOTE_ENV, Zygote
 
 
 @pytest.fixture(scope="session")
@@ -89,3 +98,22 @@ def warm(
 ) -> EngineResult:
     """A fresh process on the store `cold` filled."""
     return engine(embedded_store.kv_config())
+
+
+@pytest.fixture(scope="session")
+def reserved_cpu_zygote(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str | None]:
+    """The socket of an engine zygote started with `child_env(RESERVED_CPU)`, or None when
+    the session's zygotes are off. The session's engine zygote cannot take runs with that
+    `VLLM_` variable (an import-time prefix to `zygote.eligible`), so each was a `python -m`
+    start spending ~10-15 s importing vLLM: `bench e2e`'s five engines and the OpenAI test's
+    no-connector engine. A caller names it in `ENGINE_ZYGOTE_SOCKET` for those runs only."""
+    if not os.environ.get(ZYGOTE_ENV):
+        yield None
+        return
+    started = Zygote.start(
+        tmp_path_factory.mktemp("reserved-cpu-zygote") / "zygote.sock", child_env(RESERVED_CPU)
+    )
+    try:
+        yield str(started.path)
+    finally:
+        started.stop()

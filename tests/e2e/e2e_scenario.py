@@ -22,6 +22,10 @@ EXACT_BLOCKS = 4  # a prompt of exactly 4 blocks: the last token is never loaded
 STEP_BUDGET = 512  # max_num_batched_tokens: every long prompt is prefilled in chunks
 RUN_TIMEOUT_S = 240.0
 BOUNDED_RUN_S = 120.0  # runs that could loop or hang on a fault: fail sooner
+# One CPU left to another process: what `bench e2e` gives its engines
+# (`bench.e2e.settings.ENGINE_ENV`) and the OpenAI server test its engines (conftest's
+# `reserved_cpu_zygote` forks runs with it).
+RESERVED_CPU = {"VLLM_CPU_NUM_OF_RESERVED_CPU": "1"}
 # Indexes into `prompts`.
 LONG = (0, 1, 2)
 SHORT_IDX, EXACT_IDX = 3, 4

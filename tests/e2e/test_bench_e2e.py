@@ -18,14 +18,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from e2e_scenario import RESERVED_CPU
 from helpers.cli_runner import run_hf3fsctl
 from typer.testing import CliRunner
 
 from hf3fsctl.bench.e2e import lmcache_available
 from hf3fsctl.bench.e2e.settings import ENGINE_ENV
 from hf3fsctl.cli.main import app
-from hf3fsctl.vllm_tools.runner import child_env
-from hf3fsctl.vllm_tools.zygote import ZYGOTE_ENV, Zygote
+from hf3fsctl.vllm_tools.zygote import ZYGOTE_ENV
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -35,27 +35,18 @@ PEER = ("example-cold", "example-warm")
 
 
 @pytest.fixture(scope="module")
-def bench_zygote(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
-    """The environment of the `bench` process: an engine zygote of this module, started with
-    the environment `run_engine` gives the benchmark's engines (`ENGINE_ENV`, a `VLLM_`
-    variable the session's engine zygote was not started with, so that zygote cannot take
-    them). Each of the five engine processes is then forked from it instead of a `python -m`
-    start that spends ~10-15 s importing vLLM. Without a session zygote (off): fresh starts."""
-    if not os.environ.get(ZYGOTE_ENV):
-        yield dict(os.environ)
-        return
-    started = Zygote.start(
-        tmp_path_factory.mktemp("bench-zygote") / "zygote.sock", child_env(ENGINE_ENV)
-    )
-    try:
-        yield {**os.environ, ZYGOTE_ENV: str(started.path)}
-    finally:
-        started.stop()
+def bench_env(reserved_cpu_zygote: str | None) -> dict[str, str]:
+    """The environment of the `bench` process: its engines (`ENGINE_ENV`) forked from the
+    session's reserved-CPU zygote (e2e conftest) instead of five `python -m` starts."""
+    assert ENGINE_ENV == RESERVED_CPU, "the zygote must be started with the bench's engine env"
+    if reserved_cpu_zygote is None:
+        return dict(os.environ)
+    return {**os.environ, ZYGOTE_ENV: reserved_cpu_zygote}
 
 
 @pytest.fixture(scope="module")
 def quick_run(
-    tmp_path_factory: pytest.TempPathFactory, tiny_model: Path, bench_zygote: dict[str, str]
+    tmp_path_factory: pytest.TempPathFactory, tiny_model: Path, bench_env: dict[str, str]
 ) -> dict[str, Any]:
     """`hf3fsctl bench e2e --quick --peer example --peer lmcache --json --plot ...`, once,
     on the session's tiny model (the one `--quick` would build: SIZES["tiny"])."""
@@ -81,7 +72,7 @@ def quick_run(
         "--plot",
         str(png),
     ]
-    proc = run_hf3fsctl(*args, env=bench_zygote, timeout=RUN_TIMEOUT_S, check=True)
+    proc = run_hf3fsctl(*args, env=bench_env, timeout=RUN_TIMEOUT_S, check=True)
     document = json.loads(proc.stdout)  # exactly one JSON document on stdout
     return {
         "document": document,

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from e2e_scenario import BLOCK, DTYPE, LONG, E2EStore, make_store
+from e2e_scenario import BLOCK, DTYPE, LONG, RESERVED_CPU, E2EStore, make_store
 from helpers.servers import free_port
 
 from hf3fsctl.config import load_config
@@ -38,14 +38,14 @@ from hf3fsctl.vllm_tools.runner import (
     run_engine,
     shared_prefix_prompts,
 )
+from hf3fsctl.vllm_tools.zygote import ZYGOTE_ENV
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 SERVER_START_S = 300.0
 MAX_TOKENS = 8
-# One core left to the API server process: the engine's threads get the other (the
-# no-connector engine gets the same, so both compute with one OpenMP thread).
-RESERVED_CPU = {"VLLM_CPU_NUM_OF_RESERVED_CPU": "1"}
+# RESERVED_CPU: one core left to the API server process, the engine's threads get the
+# other (the no-connector engine gets the same: both compute with one OpenMP thread).
 
 
 def _role(store: E2EStore, role: str) -> dict[str, Any]:
@@ -155,26 +155,30 @@ def _openai_server(
                 process.wait()
 
 
-def _no_connector_tokens(model: Path, prompts: list[list[int]]) -> list[list[int]]:
+def _no_connector_tokens(
+    model: Path, prompts: list[list[int]], zygote: str | None
+) -> list[list[int]]:
     """What `_openai_server(model, None, ...)` answers `_complete(url, prompt, None)` with:
     the server's engine args (eager, seed 0, no prefix caching, the block size, dtype, KV
-    memory and max_model_len) without a connector, one request at a time, greedy."""
-    result = run_engine(
-        EngineRun(
-            model=str(model),
-            prompts=prompts,
-            max_tokens=MAX_TOKENS,
-            block_size=BLOCK,
-            dtype=DTYPE,
-            kv_cache_memory_bytes=64 << 20,
-            max_model_len=4096,
-            warmup_tokens=0,
-            env=RESERVED_CPU,
-            engine_args={"enable_prefix_caching": False},
-            timeout_s=SERVER_START_S,
-        )
+    memory and max_model_len) without a connector, one request at a time, greedy; forked
+    from `zygote` (the session's, started with RESERVED_CPU) when there is one."""
+    run = EngineRun(
+        model=str(model),
+        prompts=prompts,
+        max_tokens=MAX_TOKENS,
+        block_size=BLOCK,
+        dtype=DTYPE,
+        kv_cache_memory_bytes=64 << 20,
+        max_model_len=4096,
+        warmup_tokens=0,
+        env=RESERVED_CPU,
+        engine_args={"enable_prefix_caching": False},
+        timeout_s=SERVER_START_S,
     )
-    return result.outputs
+    with pytest.MonkeyPatch.context() as patch:
+        if zygote is not None:
+            patch.setenv(ZYGOTE_ENV, zygote)
+        return run_engine(run).outputs
 
 
 def _complete(url: str, prompt: list[int], params: dict[str, Any] | None) -> list[int]:
@@ -209,7 +213,9 @@ def _wait_for(check: Callable[[], bool], timeout_s: float = 30.0) -> None:
         time.sleep(0.1)
 
 
-def test_openai_requests_carry_kv_transfer_params(tiny_model: Path, tmp_path: Path) -> None:
+def test_openai_requests_carry_kv_transfer_params(
+    tiny_model: Path, tmp_path: Path, reserved_cpu_zygote: str | None
+) -> None:
     store = make_store(tmp_path / "store")
     private, short_lived, pinned = shared_prefix_prompts(3, 0, 4 * BLOCK + 7, seed=22)
     requests: list[tuple[list[int], dict[str, Any] | None]] = [
@@ -218,7 +224,8 @@ def test_openai_requests_carry_kv_transfer_params(tiny_model: Path, tmp_path: Pa
         (pinned, {"pin": True, "keep_me": "x"}),  # an unknown key: a warning, no error
         (pinned, None),  # loads the pinned prompt from the store
     ]
-    expected = _no_connector_tokens(tiny_model, [prompt for prompt, _ in requests])
+    prompts = [prompt for prompt, _ in requests]
+    expected = _no_connector_tokens(tiny_model, prompts, reserved_cpu_zygote)
     client = _client(store)
     try:
         with _openai_server(tiny_model, store.kv_config(), tmp_path / "server.log") as url:
