@@ -24,6 +24,7 @@ from typing import Any
 
 import pytest
 from e2e_scenario import BLOCK, DTYPE, RUN_TIMEOUT_S
+from helpers.cli_runner import run_hf3fsctl
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -136,13 +137,9 @@ def _free_port() -> int:
 
 
 def _cli(*args: str) -> dict[str, Any]:
-    done = subprocess.run(
-        [sys.executable, "-m", "hf3fsctl", *args, "--json"],
-        capture_output=True,
-        text=True,
-        timeout=RUN_TIMEOUT_S,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
+    """`hf3fsctl ARGS --json` as a fresh process (`helpers.cli_runner`: the CLI zygote's
+    child, which has the tokenizer libraries `lookup` loads imported already)."""
+    done = run_hf3fsctl(*args, "--json", timeout=RUN_TIMEOUT_S, check=True)
     document: dict[str, Any] = json.loads(done.stdout)
     return document
 
@@ -170,8 +167,8 @@ def _event_hashes(config: Path, model: Path, prompts: list[str]) -> list[list[An
     ]
 
 
-def _until(check: Any, what: Any) -> None:
-    deadline = time.monotonic() + WAIT_S
+def _until(check: Any, what: Any, timeout_s: float = WAIT_S) -> None:
+    deadline = time.monotonic() + timeout_s
     while not check():
         assert time.monotonic() < deadline, (
             f"timed out waiting for {what() if callable(what) else what}"
@@ -183,20 +180,8 @@ def test_router_index_from_kv_events_agrees_with_lookup(tiny_model: Path, tmp_pa
     config = tmp_path / "hf3fs.yaml"
     store = tmp_path / "store"
     init = ["init", "--storage-path", str(store), "--create-path", "--write-config", str(config)]
-    subprocess.run(
-        [sys.executable, "-m", "hf3fsctl", *init],
-        check=True,
-        capture_output=True,
-        timeout=RUN_TIMEOUT_S,
-    )
-    kv = json.loads(
-        subprocess.run(
-            [sys.executable, "-m", "hf3fsctl", "vllm-config", "--config", str(config)],
-            check=True,
-            capture_output=True,
-            text=True,
-        ).stdout
-    )
+    run_hf3fsctl(*init, timeout=RUN_TIMEOUT_S, check=True)
+    kv = json.loads(run_hf3fsctl("vllm-config", "--config", str(config), check=True).stdout)
     kv["kv_connector_extra_config"]["connector.kv_events_poll_s"] = 0.2
     rng = random.Random(11)
     shared = " ".join(f"w{rng.randrange(1000)}" for _ in range(300))
@@ -224,7 +209,11 @@ def test_router_index_from_kv_events_agrees_with_lookup(tiny_model: Path, tmp_pa
         text=True,
     )
     try:
-        _until(lambda: (work / "prefilled").exists() or child.poll() is not None, "prefill")
+        _until(
+            lambda: (work / "prefilled").exists() or child.poll() is not None,
+            "prefill",
+            RUN_TIMEOUT_S,  # a fresh process: vLLM's import and the engine's start first
+        )
         assert child.poll() is None, child.stderr.read()[-3000:] if child.stderr else ""
         hashes = _event_hashes(config, tiny_model, prompts)
         lookup_args = ["lookup", "--config", str(config), "--model", str(tiny_model)]

@@ -9,7 +9,9 @@ its own environment, working directory, stdin from /dev/null and exit status. A 
 it cannot take (another import-time environment, tensor parallel, `bench`, a zygote that
 is gone) runs in `subprocess.run([sys.executable, "-m", "hf3fsctl", ...])` with the same
 environment, so the two paths differ only in start-up time. (`bench e2e` runs its
-engines through `run_engine`, which the session's engine zygote forks.)
+engines through `run_engine`; their environment reserves a CPU, a `VLLM_` variable the
+session's engine zygote was not started with, so tests/e2e hands the bench process the
+reserved-CPU zygote in `ENGINE_ZYGOTE_SOCKET`: e2e conftest `reserved_cpu_zygote`.)
 
 Tests that need a separate process on purpose (signals, `Popen`, start-up time, what a
 fresh interpreter imports) start it themselves.
