@@ -166,12 +166,12 @@ end
 -- order (deepest first, then key); a key listed twice moves once. `several_ranks`: the
 -- key's old member may carry another rank's depth. Returns each item's new generation.
 local function lru_touch(ns, items, several_ranks)
-  local order, first_of, by_gen = {}, {}, {}
+  local members, first_of, by_gen = {}, {}, {}
   for i, it in ipairs(items) do
     local key = it[1]
     if not first_of[key] then
       first_of[key] = i
-      order[#order + 1] = i
+      members[#members + 1] = it[2]
       local g = it[3] or 0
       if g > 0 then
         local b = by_gen[g]
@@ -182,31 +182,32 @@ local function lru_touch(ns, items, several_ranks)
     end
   end
   for g, b in pairs(by_gen) do lru_remove(ns, g, b[1], several_ranks and b[2] or nil) end
-  table.sort(order, function(a, b) return items[a][2] < items[b][2] end)
+  table.sort(members)  -- eviction order among equally old keys (C comparisons, no closure)
   local nk = k_ns(ns)
   local cur = tonumber(redis.call('HGET', nk, 'gen') or '0') or 0
   local n = 0
   if cur > 0 then n = redis.call('ZCARD', k_g(ns, cur)) end
-  local out = {}
+  local gen_of = {}  -- member -> its new generation
   local stamp = string.format('%d', NOW_US)
   local i = 1
-  while i <= #order do
+  while i <= #members do
     if cur == 0 or n >= GEN_MAX then
       cur = redis.call('HINCRBY', nk, 'gen', 1)
       n = 0
     end
     if n == 0 then redis.call('ZADD', k_gi(ns), cur, cur) end
     local args = {}
-    while i <= #order and n < GEN_MAX do
+    while i <= #members and n < GEN_MAX do
       args[#args + 1] = stamp
-      args[#args + 1] = items[order[i]][2]
-      out[order[i]] = cur
+      args[#args + 1] = members[i]
+      gen_of[members[i]] = cur
       n = n + 1
       i = i + 1
     end
     redis.call('ZADD', k_g(ns, cur), unpack(args))
   end
-  for j, it in ipairs(items) do if not out[j] then out[j] = out[first_of[it[1]]] end end
+  local out = {}
+  for j, it in ipairs(items) do out[j] = gen_of[items[first_of[it[1]]][2]] end
   return out
 end
 
