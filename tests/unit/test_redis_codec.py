@@ -1,4 +1,4 @@
-"""The Redis store's stored forms (format 3, `hf3fsctl/meta/redis/codec.py`): keys and
+"""The Redis store's stored forms (format 4, `hf3fsctl/meta/redis/codec.py`): keys and
 checksums as bytes, one to one with their text; entries and change-log runs read back as
 `lua/common.lua` writes them. No Redis needed: the bytes are built here the way the
 scripts build them (`struct` layouts, little-endian)."""
@@ -35,8 +35,10 @@ def _text(data: bytes) -> str:
     return data.decode("utf-8", "surrogateescape")
 
 
-def _entry(flags: int, until_us: int, page: int = 7, checksum: bytes = b"") -> bytes:
-    """An entry as `common.lua` packs it: `<BI7I6I4I5I5I4I5I5I5f`, then the checksum."""
+def _entry(
+    flags: int, until_us: int, page: int = 7, checksum: bytes = b"", generation: int = 9
+) -> bytes:
+    """An entry as `common.lua` packs it: `<BI7I5I2I5I5I3I5I5I4I5f`, then the checksum."""
 
     def le(value: int, size: int) -> bytes:
         return value.to_bytes(size, "little")
@@ -44,14 +46,15 @@ def _entry(flags: int, until_us: int, page: int = 7, checksum: bytes = b"") -> b
     return (
         bytes([flags])
         + le(until_us, 7)
-        + le(page, 6)
-        + struct.pack("<I", 3)  # depth
+        + le(page, 5)
+        + struct.pack("<H", 3)  # depth
         + le(1000, 5)  # created, ms after the epoch
         + le(2000, 5)  # last access
-        + struct.pack("<I", 5)  # hits
+        + le(5, 3)  # hits
         + le(0, 5)  # lease_until
         + le(0, 5)  # page_free_at
-        + le(4096, 5)  # size
+        + struct.pack("<I", 4096)  # size
+        + le(generation, 5)  # the key's LRU generation
         + struct.pack("<f", 0.5)  # retention
         + checksum
     )
@@ -85,15 +88,18 @@ def test_a_checksum_round_trips(checksum: str, size: int) -> None:
 
 def test_an_entry_reads_back_its_fields() -> None:
     expires_us = 123_456_789
-    e = unpack_entry(_text(_entry(3, expires_us, page=1 << 40, checksum=b"\x01" + bytes(8))))
+    stored = _entry(3, expires_us, page=(1 << 40) - 1, checksum=b"\x01" + bytes(8))
+    assert len(stored) == 60  # one 64-byte allocation with its string header
+    e = unpack_entry(_text(stored))
     assert (e["state"], e["renew"], e["page"], e["depth"], e["hits"], e["size"]) == (
         1,
         True,
-        1 << 40,
+        (1 << 40) - 1,
         3,
         5,
         4096,
     )
+    assert e["generation"] == 9
     assert e["created"] == (EPOCH_MS + 1000) / 1000
     assert e["expires_at"] == pytest.approx((EPOCH_MS + expires_us / 1000) / 1000, abs=1e-6)
     assert e["retention"] == 0.5
@@ -115,9 +121,10 @@ def test_a_lookup_counts_committed_unexpired_entries_only() -> None:
         False,
         False,
     ]
-    assert committed_counts("2", 2, now_ms) and not committed_counts("1", 2, now_ms)
-    assert committed_counts(f"2 {now_ms + 1:.3f}", 2, now_ms)
-    assert not committed_counts(f"2 {now_ms:.3f}", 2, now_ms)
+    # `c:NS`: "RANKS GEN[ EXPIRY_MS]"
+    assert committed_counts("2 7", 2, now_ms) and not committed_counts("1 7", 2, now_ms)
+    assert committed_counts(f"2 7 {now_ms + 1:.3f}", 2, now_ms)
+    assert not committed_counts(f"2 7 {now_ms:.3f}", 2, now_ms)
 
 
 def test_a_change_log_run_reads_back_its_keys() -> None:

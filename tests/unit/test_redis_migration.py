@@ -1,6 +1,6 @@
-"""The Redis store's formats: a store laid out by an older release (format 1 or 2, written
-here key by key as that release wrote it) is migrated on open to format 3 and then
-answers as if it had been written by this one; a newer format is refused.
+"""The Redis store's formats: a store laid out by an older release (format 1, 2 or 3,
+written here key by key as that release wrote it) is migrated on open to format 4 and
+then answers as if it had been written by this one; a newer format is refused.
 
 Every test talks to a real `redis-server` (`helpers.redis_servers`).
 """
@@ -18,7 +18,7 @@ from helpers.redis_servers import redis_session_server, redis_url
 from hf3fsctl.config import MetadataUrl
 from hf3fsctl.errors import StoreFormatError
 from hf3fsctl.keys import namespace_id
-from hf3fsctl.meta.models import EvictRequest, RankFile
+from hf3fsctl.meta.models import CommitItem, EvictRequest, RankFile
 from hf3fsctl.meta.redis import RedisMetadataStore
 
 __all__ = ["redis_session_server", "redis_url"]  # fixtures used here
@@ -113,7 +113,7 @@ def test_an_older_store_is_migrated_on_open_and_answers_as_before(
     _write_old_store(raw, ns, ranks, fmt, now)
     store = _open(redis_url)
     try:
-        assert raw.hget(f"{P}info", "format") == "3"
+        assert raw.hget(f"{P}info", "format") == "4"
         assert store.check_invariants() == []
         assert store.lookup(ns, CHAIN) == 4
         assert store.lookup(ns, [ODD]) == 1
@@ -154,7 +154,7 @@ def test_a_migration_cut_short_is_finished_by_the_next_open(redis_url: str, raw:
     raw.xadd(f"{P}changes", {"ns": ns, "delta": "1", "keys": "\x20" + "\x01" * 32}, id="0-5")
     store = _open(redis_url)  # … so its runs, already format 3, are left alone
     try:
-        assert raw.hget(f"{P}info", "format") == "3"
+        assert raw.hget(f"{P}info", "format") == "4"
         assert raw.exists(f"{P}migrated_3") == 0
         assert store.lookup(ns, CHAIN) == 4
         assert [c.key for c in store.changes(0).changes] == ["01" * 32]
@@ -165,20 +165,21 @@ def test_a_migration_cut_short_is_finished_by_the_next_open(redis_url: str, raw:
 def test_the_store_records_its_format_and_refuses_a_newer_one(redis_url: str, raw: Any) -> None:
     store = _open(redis_url)
     try:
-        assert raw.hget(f"{P}info", "format") == "3"
-        raw.hset(f"{P}info", "format", 4)  # as a newer hf3fsctl would leave it
-        with pytest.raises(StoreFormatError, match="format 4") as refused:
+        assert raw.hget(f"{P}info", "format") == "4"
+        raw.hset(f"{P}info", "format", 5)  # as a newer hf3fsctl would leave it
+        with pytest.raises(StoreFormatError, match="format 5") as refused:
             _open(redis_url)
         assert refused.value.hint is not None and "upgrade" in refused.value.hint
     finally:
-        raw.hset(f"{P}info", "format", 3)
+        raw.hset(f"{P}info", "format", 4)
         store.close()
 
 
 @pytest.mark.parametrize("ranks", [1, 2], ids=["one-rank", "two-ranks"])
-def test_format_3_stores_each_key_as_its_bytes(redis_url: str, raw: Any, ranks: int) -> None:
-    """32 bytes per 64-digit key in the entries and the LRU index; `c:NS` only with two
-    or more ranks, where it carries the earliest expiry the lookup reads."""
+def test_format_4_stores_each_key_as_its_bytes(redis_url: str, raw: Any, ranks: int) -> None:
+    """32 bytes per 64-digit key in the entries and the LRU generations; `c:NS` only with
+    two or more ranks, where it carries the key's generation and the earliest expiry the
+    lookup reads."""
     from hf3fsctl.meta.models import CommitItem
 
     ns = _register(redis_url, ranks)
@@ -205,18 +206,195 @@ def test_format_3_stores_each_key_as_its_bytes(redis_url: str, raw: Any, ranks: 
             fields = binary.hkeys(f"{P}e:{ns}:0")
             assert sorted(fields) == sorted(bytes.fromhex(k) for k in CHAIN)
             assert {len(v) for v in binary.hvals(f"{P}e:{ns}:0")} == {60}
-            assert {len(m) for m in binary.zrange(f"{P}lru:{ns}", 0, -1)} == {34}
+            gens = [int(g) for g in binary.zrange(f"{P}gi:{ns}", 0, -1)]
+            members = [m for g in gens for m in binary.zrange(f"{P}g:{ns}:{g}", 0, -1)]
+            assert sorted(m[2:] for m in members) == sorted(bytes.fromhex(k) for k in CHAIN)
+            assert {len(m) for m in members} == {34}
+            assert binary.object("encoding", f"{P}g:{ns}:{gens[0]}") == b"listpack"
             counts = binary.hgetall(f"{P}c:{ns}")
         finally:
             binary.close()
         if ranks == 1:
             assert counts == {}
-        else:  # the ranks committed, then the earliest expiry (rank 0's) in ms
-            count, expiry = counts[bytes.fromhex(CHAIN[0])].split()
-            assert int(count) == 2
+        else:  # the ranks committed, the generation, the earliest expiry (rank 0's) in ms
+            count, gen, expiry = counts[bytes.fromhex(CHAIN[0])].split()
+            assert int(count) == 2 and int(gen) in gens
             rows = [e for e in store.list_entries(ns) if e.key == CHAIN[0] and e.rank == 0]
             assert rows[0].expires_at == pytest.approx(float(expiry) / 1000, abs=1e-6)
         assert store.lookup(ns, CHAIN) == 4
+        assert store.check_invariants() == []
+    finally:
+        store.close()
+
+
+FORMAT3_ENTRY = "<B7s6sI5s5sI5s5s5sf"  # format 3's entry (then the checksum)
+SPREAD = [f"{i:064x}" for i in range(100, 400)]  # 300 keys: more than two generations
+
+
+def _le(value: int, size: int) -> bytes:
+    return value.to_bytes(size, "little")
+
+
+def _format3_entry(
+    flags: int, until_us: int, page: int, depth: int, at_ms: int, hits: int, checksum: bytes
+) -> bytes:
+    """An entry as format 3's `common.lua` packed it (times in ms after `EPOCH_MS`)."""
+    return (
+        struct.pack(
+            FORMAT3_ENTRY,
+            flags,
+            _le(until_us, 7),
+            _le(page, 6),
+            depth,
+            _le(at_ms, 5),
+            _le(at_ms + 1, 5),
+            hits,
+            _le(0, 5),
+            _le(0, 5),
+            _le(PAGE, 5),
+            3600.0 if until_us else 0.0,
+        )
+        + checksum
+    )
+
+
+def _write_format3_store(url: str, ns: str, ranks: int, now: float) -> dict[str, Any]:
+    """What format 3 wrote for SPREAD (committed on every rank, last accessed at 300
+    different times, scrambled, and ties of four keys at several depths), CHAIN (one tie,
+    depths 0..3), one key expiring in an hour, one pinned, PENDING allocated on rank 0:
+    keys as bytes, 60-byte entries, `lru:NS` by last access, `c:NS` "RANKS[ EXPIRY_MS]".
+    Returns what each committed key holds: its page, depth, last access (s), hits."""
+    from hf3fsctl.meta.redis.codec import EPOCH_MS
+
+    binary = redis.Redis.from_url(url)
+    try:
+        committed = [*SPREAD, *CHAIN]
+        epoch_ms = int(now * 1000) - EPOCH_MS
+        held: dict[str, Any] = {}
+        for i, key in enumerate(SPREAD):
+            age = (i * 7919) % 75  # 75 access times, four keys each
+            held[key] = {"page": i, "depth": i % 4, "last": now - 100 + age, "hits": i}
+        for i, key in enumerate(CHAIN):
+            held[key] = {"page": len(SPREAD) + i, "depth": i, "last": now - 50, "hits": 0}
+        expiring = SPREAD[5]
+        expiry_us = (epoch_ms + 3_600_000) * 1000
+        for rank in range(ranks):
+            entries = {}
+            for key in committed:
+                h = held[key]
+                until = expiry_us if key == expiring else 0
+                entries[bytes.fromhex(key)] = _format3_entry(
+                    1,
+                    until,
+                    h["page"],
+                    h["depth"],
+                    epoch_ms - 200_000,
+                    h["hits"],
+                    b"\x01" + bytes.fromhex("0123456789abcdef"),
+                )
+            used = len(committed)
+            if rank == 0:
+                entries[bytes.fromhex(PENDING)] = _format3_entry(
+                    0, (epoch_ms + 60_000) * 1000, used, 0, epoch_ms, 0, b""
+                )
+                binary.zadd(f"{P}pend:{ns}:0", {bytes.fromhex(PENDING): now + 60})
+                used += 1
+            binary.hset(f"{P}e:{ns}:{rank}", mapping=entries)
+            binary.hset(f"{P}rf:{ns}:{rank}", mapping={"used": used, "next_unused": used})
+            binary.hincrby(f"{P}held", ns, used * PAGE)
+        if ranks > 1:
+            values = {bytes.fromhex(k): str(ranks) for k in committed}
+            values[bytes.fromhex(expiring)] = f"{ranks} {EPOCH_MS + expiry_us / 1000:.3f}"
+            binary.hset(f"{P}c:{ns}", mapping=values)
+        binary.hset(f"{P}ns:{ns}", "keys", len(committed))
+
+        def member(key: str) -> bytes:
+            return struct.pack(">H", 0xFFFF - held[key]["depth"]) + bytes.fromhex(key)
+
+        binary.zadd(f"{P}lru:{ns}", {member(k): f"{held[k]['last']:.6f}" for k in committed})
+        binary.zadd(f"{P}x:{ns}", {member(expiring): EPOCH_MS + expiry_us / 1000})
+        binary.hset(f"{P}pins:{ns}", bytes.fromhex(SPREAD[0]), "0.000000 1.000000")
+        binary.hset(f"{P}info", "format", 3)
+        return held
+    finally:
+        binary.close()
+
+
+@pytest.mark.parametrize("ranks", [1, 2], ids=["one-rank", "two-ranks"])
+def test_a_format_3_store_keeps_every_entry_pin_expiry_and_its_lru_order(
+    redis_url: str, raw: Any, ranks: int
+) -> None:
+    """Format 3 → 4 moves `lru:NS` into generations in its own order: every entry reads
+    back as written, the pin and the expiry hold, and an eviction of every key takes them
+    oldest first, deepest first among equally old ones, the pinned one left."""
+    ns = _register(redis_url, ranks)
+    seconds, micros = raw.time()
+    now = seconds + micros / 1e6
+    held = _write_format3_store(redis_url, ns, ranks, now)
+    store = _open(redis_url)
+    try:
+        assert raw.hget(f"{P}info", "format") == "4"
+        assert raw.exists(f"{P}lru:{ns}", f"{P}migrated_4") == 0
+        assert int(raw.zcard(f"{P}gi:{ns}")) >= 3  # 304 keys, at most 128 a generation
+        assert store.check_invariants() == []
+        rows = {(e.key, e.rank): e for e in store.list_entries(ns, limit=10_000)}
+        assert len(rows) == len(held) * ranks + 1
+        assert rows[(PENDING, 0)].state == "pending"
+        for key, h in held.items():
+            for rank in range(ranks):
+                e = rows[(key, rank)]
+                assert (e.state, e.page, e.depth, e.hits, e.size, e.checksum) == (
+                    "committed",
+                    h["page"],
+                    h["depth"],
+                    h["hits"],
+                    PAGE,
+                    CHECKSUM,
+                ), key
+        assert rows[(SPREAD[5], 0)].expires_at == pytest.approx(now + 3600, abs=0.002)
+        assert rows[(SPREAD[6], 0)].expires_at is None
+        assert [p.key for p in store.list_pins(ns)] == [SPREAD[0]]
+        assert store.lookup(ns, [*CHAIN, *SPREAD]) == len(held)
+        since = store.changes(0).next_seq
+        evicted = store.evict(EvictRequest(namespace=ns, max_entries=len(held)))
+        assert evicted.keys == len(held) - 1  # all but the pinned key
+        gone = [c.key for c in store.changes(since).changes if c.delta == -1]
+        order = sorted(
+            (k for k in held if k != SPREAD[0]),
+            key=lambda k: (held[k]["last"], -held[k]["depth"], k),
+        )
+        assert list(dict.fromkeys(gone)) == order
+        assert store.check_invariants() == []
+    finally:
+        store.close()
+
+
+def test_a_format_4_migration_cut_short_is_finished_by_the_next_open(
+    redis_url: str, raw: Any
+) -> None:
+    """A process that died after moving one namespace's LRU left format 3 recorded and
+    that namespace in `migrated_4`: the next open leaves it as it is and moves the rest."""
+    done = _register(redis_url)
+    store = _open(redis_url)
+    try:  # `done` written by this release, as if migrated before the process died
+        granted = store.allocate(done, 0, CHAIN).allocated
+        store.commit(
+            done,
+            0,
+            [CommitItem(key=a.key, page=a.page, checksum=CHECKSUM, size=PAGE) for a in granted],
+        )
+    finally:
+        store.close()
+    left = _register(redis_url, 2)
+    seconds, micros = raw.time()
+    held = _write_format3_store(redis_url, left, 2, seconds + micros / 1e6)
+    raw.sadd(f"{P}migrated_4", done)
+    store = _open(redis_url)
+    try:
+        assert raw.hget(f"{P}info", "format") == "4"
+        assert raw.exists(f"{P}migrated_4", f"{P}lru:{left}") == 0
+        assert store.lookup(done, CHAIN) == 4
+        assert store.lookup(left, list(held)) == len(held)
         assert store.check_invariants() == []
     finally:
         store.close()

@@ -1,4 +1,4 @@
-"""How the Redis store writes keys, checksums and entries (format 3): bytes, converted once
+"""How the Redis store writes keys, checksums and entries (format 4): bytes, converted once
 at the Python boundary.
 
 - A block key (hex text, `keys.KEY_RE`) is stored as its bytes: 64 hex digits are 32
@@ -7,9 +7,9 @@ at the Python boundary.
   length no even key reaches (128 digits are 64 bytes), so the mapping stays one to one.
 - A checksum `"xxh3:" + 16 hex digits` (what `storage.checksum.page_checksum` records)
   is stored as 9 bytes (`\\x01` then the digest); any other is stored as its text.
-- An entry is `lua/common.lua`'s `ENTRY` (`<BI7I6I4I5I5I4I5I5I5f`, then the checksum:
-  times in ms since `EPOCH_MS`, `until` in µs, 0 for none): 60 bytes with an xxh3
-  checksum, one 64-byte allocation. Flags and `until` lead: a committed entry without an
+- An entry is `lua/common.lua`'s `ENTRY` (`<BI7I5I2I5I5I3I5I5I4I5f`, then the checksum:
+  times in ms since `EPOCH_MS`, `until` in µs, 0 for none; the key's LRU generation in 5
+  bytes): 60 bytes with an xxh3 checksum, one 64-byte allocation. Flags and `until` lead: a committed entry without an
   expiry starts with 0x01 and seven zero bytes, all `entry_counts` reads of it (`lookup`
   takes its `HMGET` as bytes: decoding 1,000 binary values would cost more than the
   rest).
@@ -28,8 +28,8 @@ _ODD_KEY_BYTES = 65  # an odd-length key's text is padded to this (even keys: at
 _XXH3 = re.compile(r"^xxh3:[0-9a-f]{16}$")
 _XXH3_TAG = b"\x01"
 # flags, until, page, depth, created, last_access, hits, lease_until, page_free_at, size,
-# retention: the 5-, 6- and 7-byte integers are read as bytes (struct has none such)
-_ENTRY = struct.Struct("<B7s6sI5s5sI5s5s5sf")
+# generation, retention: the 3-, 5- and 7-byte integers are read as bytes (struct has none)
+_ENTRY = struct.Struct("<B7s5sH5s5s3s5s5sI5sf")
 ENTRY_BYTES = _ENTRY.size
 FOREVER = b"\x01" + bytes(7)  # committed, no expiry: how such an entry starts
 EPOCH_MS = 1_735_689_600_000  # 2025-01-01 UTC: entries' times count from it
@@ -90,7 +90,7 @@ def _until_ms(data: bytes) -> float:
 def unpack_entry(value: str) -> dict[str, Any]:
     """An entry's fields, times in seconds (as stored: whole milliseconds)."""
     data = raw(value)
-    flags, until, page, depth, created, last, hits, lease, free_at, size, retention = (
+    flags, until, page, depth, created, last, hits, lease, free_at, size, gen, retention = (
         _ENTRY.unpack_from(data)
     )
     committed = bool(flags & COMMITTED)
@@ -102,12 +102,13 @@ def unpack_entry(value: str) -> dict[str, Any]:
         "depth": depth,
         "created": _ms(created) / 1000,
         "last_access": _ms(last) / 1000,
-        "hits": hits,
+        "hits": _int(hits),
         "deadline": 0.0 if committed else _until_ms(until) / 1000,
         "expires_at": expires / 1000 if expires else None,
         "lease_until": _ms(lease) / 1000,
         "page_free_at": _ms(free_at) / 1000,
-        "size": _int(size),
+        "size": size,
+        "generation": _int(gen),
         "retention": float(retention),
         "checksum": decode_checksum(data[ENTRY_BYTES:]) if len(data) > ENTRY_BYTES else "",
     }
@@ -128,12 +129,14 @@ def entry_counts(value: bytes | str | None, now_ms: float) -> bool:
 
 
 def committed_counts(value: bytes | str | None, num_ranks: int, now_ms: float) -> bool:
-    """Whether a `c:NS` value ("RANKS" or "RANKS EXPIRY_MS") says the key is committed on
-    every rank and unexpired at `now_ms`."""
+    """Whether a `c:NS` value ("RANKS GEN" or "RANKS GEN EXPIRY_MS": the ranks committed,
+    the key's LRU generation, its earliest expiry) says the key is committed on every rank
+    and unexpired at `now_ms`."""
     if value is None:
         return False
     text = value.decode() if isinstance(value, bytes) else value
-    count, _, expiry = text.partition(" ")
+    count, _, rest = text.partition(" ")
+    expiry = rest.partition(" ")[2]
     return int(count) >= num_ranks and (not expiry or float(expiry) > now_ms)
 
 

@@ -66,6 +66,7 @@ SCRIPTS = (
     "locate",
     "marks",
     "migrate_format3",
+    "migrate_format4",
     "migrate_lru",
     "pin",
     "register_namespace",

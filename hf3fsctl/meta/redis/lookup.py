@@ -6,10 +6,10 @@ ms. Passing 1,000 keys through a script would cost Redis ~4x more. What the `HMG
 reads depends on the namespace's ranks (fixed by its manifest, so remembered per
 namespace; the first lookup of a namespace in a process reads them first):
 
-- one rank: `e:NS:0`, the entries themselves (format 3 keeps no `c:NS` then): a key
+- one rank: `e:NS:0`, the entries themselves (no `c:NS` then): a key
   counts when its entry is committed and unexpired (`codec.entry_counts`: the flags and
   the expiry, at fixed offsets);
-- more: `c:NS`, "RANKS" or "RANKS EXPIRY_MS" per key (`codec.committed_counts`).
+- more: `c:NS`, "RANKS GEN" or "RANKS GEN EXPIRY_MS" per key (`codec.committed_counts`).
 
 Keys count up to the first that does not. A lookup's hits are counted with this
 process's next lookup, or at `flush` / `close` / exit (`lookup_hits.py`).

@@ -6,6 +6,10 @@ empty store, older formats migrated on open, newer ones refused.
 - Format 2 → 3 (`lua/migrate_format3.lua`): keys as bytes, 58-byte entries, LRU members
   with a 2-byte depth, no `c:NS` for one-rank namespaces, the change log's runs
   length-prefixed (`codec.py`).
+- Format 3 → 4 (`lua/migrate_format4.lua`): the LRU in generations (`lua/common.lua`,
+  `lru_touch`): entries rewritten with their key's generation (page and size in 4 bytes,
+  depth and hits in 3), `c:NS` values with it, `lru:NS` replaced by generations filled in
+  its order.
 
 Each step is one atomic script per namespace (and one for the change log) that records
 what it finished in a set, so a process that dies midway leaves the old format recorded
@@ -26,8 +30,8 @@ from hf3fsctl.errors import MetadataUnavailable, StoreFormatError
 logger = logging.getLogger(__name__)
 
 # The Redis store's key layout (hf3fsctl/meta/redis/__init__.py), as `info.format`.
-FORMAT = 3
-MIGRATABLE = (1, 2)
+FORMAT = 4
+MIGRATABLE = (1, 2, 3)
 
 
 @dataclass(frozen=True)
@@ -66,7 +70,9 @@ def check_format(store: StoreAccess) -> None:
     if stored in MIGRATABLE:
         if stored == 1:
             _migrate(store, "migrate_lru", "migrated_lru", "LRU index rebuilt", 2)
-        _migrate(store, "migrate_format3", "migrated_3", "keys and entries packed", 3)
+        if stored <= 2:
+            _migrate(store, "migrate_format3", "migrated_3", "keys and entries packed", 3)
+        _migrate(store, "migrate_format4", "migrated_4", "LRU moved to generations", 4)
         return
     newer = stored > FORMAT
     raise StoreFormatError(

@@ -22,7 +22,7 @@ from hf3fsctl.meta.models import (
     RankFile,
     StoreStats,
 )
-from hf3fsctl.meta.redis.codec import decode_key, decode_run, raw, unpack_entry
+from hf3fsctl.meta.redis.codec import EPOCH_MS, decode_key, decode_run, raw, unpack_entry
 
 if TYPE_CHECKING:
     from hf3fsctl.meta.models import ChangeLog
@@ -43,6 +43,47 @@ def _scan(client: Redis, key: str) -> Iterator[tuple[str, str]]:
 def _members(client: Redis, key: str) -> list[str]:
     """The members of a sorted set that may be large, a thousand per call (`ZSCAN`)."""
     return [member for member, _ in client.zscan_iter(key, count=1000)]
+
+
+def _newest_access(client: Redis, prefix: str, ns: str) -> float | None:
+    """When a key of `ns` was last touched (s): the newest LRU generation's last member."""
+    newest = client.zrange(f"{prefix}gi:{ns}", -1, -1)
+    if not newest:
+        return None
+    last = client.zrange(f"{prefix}g:{ns}:{newest[0]}", -1, -1, withscores=True)
+    return float(last[0][1]) / 1e6 + EPOCH_MS / 1000 if last else None
+
+
+def _lru_problems(
+    client: Redis, prefix: str, ns: str, committed: set[bytes], gen_of: dict[bytes, int]
+) -> list[str]:
+    """What is wrong with a namespace's LRU generations: every key with a committed rank
+    has one member, in the generation its entry (or `c:NS`) records; every listed
+    generation is live, none is unlisted, none is newer than the last id issued."""
+    problems = []
+    issued = int(client.hget(f"{prefix}ns:{ns}", "gen") or 0)
+    listed = {int(g) for g in client.zrange(f"{prefix}gi:{ns}", 0, -1)}
+    found: dict[bytes, list[int]] = defaultdict(list)
+    for gen in sorted(listed):
+        members = client.zrange(f"{prefix}g:{ns}:{gen}", 0, -1)
+        if not members:
+            problems.append(f"namespace {ns}: LRU generation {gen} is listed but empty")
+        if gen > issued:
+            problems.append(f"namespace {ns}: LRU generation {gen} is past the last issued")
+        for m in members:
+            found[raw(m)[2:]].append(gen)  # `lru_member`: the depth, then the key
+    for key in client.scan_iter(match=f"{prefix}g:{ns}:*", count=1000):
+        if int(key.rpartition(":")[2]) not in listed:
+            problems.append(f"namespace {ns}: LRU generation {key} is not listed")
+    if client.exists(f"{prefix}lru:{ns}"):
+        problems.append(f"namespace {ns}: a format-3 LRU index is left")
+    if set(found) != committed:
+        problems.append(f"namespace {ns}: LRU members differ from its committed keys")
+    if any(len(gens) > 1 for gens in found.values()):
+        problems.append(f"namespace {ns}: a key has more than one LRU member")
+    if any(gen_of.get(key) != gens[0] for key, gens in found.items()):
+        problems.append(f"namespace {ns}: a key's LRU generation differs from its record")
+    return problems
 
 
 def _now(client: Redis) -> float:
@@ -151,8 +192,7 @@ def store_stats(
         for f in _rank_files(client, prefix, ns, num_ranks):
             used += int(f["used"])
             live += int(f["used"]) * int(f["slot"])
-        newest = client.zrange(f"{prefix}lru:{ns}", -1, -1, withscores=True)
-        accessed = float(newest[0][1]) if newest else None
+        accessed = _newest_access(client, prefix, ns)
         pins = len(_live_pins(client, prefix, ns, now))
         expiring = int(client.zcard(f"{prefix}x:{ns}"))
         expired = int(client.zcount(f"{prefix}x:{ns}", "-inf", now * 1000)) if expiring else 0
@@ -326,6 +366,7 @@ def invariants(client: Redis, prefix: str) -> list[str]:
         num_ranks = int(c["num_ranks"])
         committed: dict[str, int] = defaultdict(int)
         earliest: dict[str, float] = {}  # key → its committed entries' earliest expiry (ms)
+        gen_of: dict[bytes, int] = {}  # key → its LRU generation (one rank: its entry's)
         held_bytes = giving_bytes = 0
         for rank in range(num_ranks):
             rf = client.hgetall(f"{prefix}rf:{ns}:{rank}")
@@ -355,6 +396,8 @@ def invariants(client: Redis, prefix: str) -> list[str]:
                     )
                 if e["state"] == COMMITTED:
                     committed[key] += 1
+                    if num_ranks == 1:
+                        gen_of[raw(key)] = e["generation"]
                     if e["expires_at"] is not None:
                         expiry = round(e["expires_at"] * 1000, 3)
                         earliest[key] = min(expiry, earliest.get(key, expiry))
@@ -421,7 +464,10 @@ def invariants(client: Redis, prefix: str) -> list[str]:
             else:
                 held_bytes += (next_unused - int(rf["holes"])) * slot
             giving_bytes += len(marked) * slot
-        counts = {k: int(v.partition(" ")[0]) for k, v in _scan(client, f"{prefix}c:{ns}")}
+        c_values = {k: v.split(" ") for k, v in _scan(client, f"{prefix}c:{ns}")}
+        counts = {k: int(v[0]) for k, v in c_values.items()}  # "RANKS GEN[ EXPIRY_MS]"
+        if num_ranks > 1:
+            gen_of = {raw(k): int(v[1]) for k, v in c_values.items()}
         if num_ranks == 1 and counts:
             problems.append(f"namespace {ns} has one rank but a committed-count hash")
         if num_ranks > 1 and counts != dict(committed):
@@ -437,9 +483,7 @@ def invariants(client: Redis, prefix: str) -> list[str]:
             problems.append(
                 f"namespace {ns} counts {c.get('keys')} complete keys but {complete} are"
             )
-        lru = {raw(m)[2:] for m in _members(client, f"{prefix}lru:{ns}")}  # `lru_member`
-        if lru != {raw(k) for k in committed}:
-            problems.append(f"namespace {ns}: LRU members differ from its committed keys")
+        problems += _lru_problems(client, prefix, ns, {raw(k) for k in committed}, gen_of)
         if held.get(ns, 0) != held_bytes:
             problems.append(
                 f"namespace {ns} counts {held.get(ns, 0)} held bytes, its files {held_bytes}"

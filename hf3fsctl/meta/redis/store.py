@@ -77,7 +77,7 @@ PREFIX = "{hf3fsctl}:"  # one hash tag: every key of a store in one Cluster slot
 STALE_MARK_S = 60.0  # a mark this old belongs to a process that died before punching
 EVICT_BATCH = 1000  # keys an admin eviction takes per script call (tens of ms of Redis)
 ADMISSION_TRACKED_KEYS = 1_000_000  # seen-counts `admit` keeps per store (LRU beyond)
-SIZE_MAX = (1 << 40) - 1  # an entry holds a page's size in 5 bytes
+SIZE_MAX = (1 << 32) - 1  # an entry holds a page's size in 4 bytes (format 4)
 _LOCATIONS = TypeAdapter(list[Location | None])
 
 
@@ -252,6 +252,11 @@ class RedisMetadataStore(StoreCore):
 
     def _register_rank(self, namespace: str, rank_file: RankFile) -> NamespaceInfo:
         check_rank_file(self.get_namespace(namespace), rank_file)
+        if rank_file.slot_bytes > SIZE_MAX:
+            raise InvalidRequest(
+                f"rank {rank_file.rank}: pages of {rank_file.slot_bytes} bytes; an entry of the "
+                f"Redis store holds sizes up to {SIZE_MAX}"
+            )
         self._run(
             "register_rank",
             [

@@ -8,11 +8,10 @@
 
 local P = KEYS[1]
 
-local function clock()
-  local t = redis.call('TIME')
-  return tonumber(t[1]) + tonumber(t[2]) / 1e6
-end
-local NOW = clock()
+local TIME = redis.call('TIME')
+local NOW = tonumber(TIME[1]) + tonumber(TIME[2]) / 1e6
+-- µs since EPOCH_MS (2025-01-01), exact: the LRU generations' scores
+local NOW_US = (tonumber(TIME[1]) - 1735689600) * 1000000 + tonumber(TIME[2])
 
 local function f6(x) return string.format('%.6f', x) end
 
@@ -29,7 +28,9 @@ local function k_pend(ns, r) return P .. 'pend:' .. ns .. ':' .. r end   -- zset
 local function k_c(ns) return P .. 'c:' .. ns end               -- hash: key -> "ranks[ expiry]" (2+ ranks)
 local function k_x(ns) return P .. 'x:' .. ns end               -- zset lru_member -> earliest expiry (ms)
 local function k_adm(ns) return P .. 'adm:' .. ns end           -- hash: key -> sightings (admit)
-local function k_lru(ns) return P .. 'lru:' .. ns end           -- zset lru_member -> last access
+local function k_lru(ns) return P .. 'lru:' .. ns end           -- format 3's LRU (migrations only)
+local function k_gi(ns) return P .. 'gi:' .. ns end             -- zset generation id -> id (the live ones)
+local function k_g(ns, id) return P .. 'g:' .. ns .. ':' .. string.format('%d', id) end  -- zset lru_member -> last access (µs)
 local function k_pins(ns) return P .. 'pins:' .. ns end         -- hash: key -> "expires created"
 local function k_ev(ns) return P .. 'ev:' .. ns end             -- hash: reason:keys / reason:bytes
 local K_INFO = P .. 'info'            -- hash: capacity_bytes, schema
@@ -47,18 +48,21 @@ local CHANGES_KEEP = 200000
 -- Keys arrive as bytes (`codec.encode_key`: 64 hex digits are 32 bytes); a script never
 -- reads them, only compares and stores them. An entry is packed binary (`struct`, one C
 -- call each way): flags (bit 0 committed, bit 1 renew on read), until (pending: the
--- writer's deadline; committed: the expiry, 0 none), page (6 bytes), depth, created,
--- last_access, hits, lease_until, page_free_at, size (5 bytes), retention (seconds,
--- float32), then the checksum (`codec.encode_checksum`: "xxh3:" and 16 hex digits are 9
--- bytes). Times count from `EPOCH_MS` (0: none): whole milliseconds in 5 bytes (to
--- 2059), `until` in microseconds in 7 bytes (an expiry is exact to the microsecond, as
--- SQLite's). Integers are unsigned little-endian. 60 bytes with an xxh3 checksum, one
--- 64-byte allocation (format 3; `codec.unpack_entry` reads the same layout). Flags and
--- `until` lead, so a lookup reads a committed entry without expiry from its first 8 bytes
--- (`codec.entry_counts`). In a script, every time is in ms (a double: `until` keeps its
--- microseconds).
-local ENTRY = '<BI7I6I4I5I5I4I5I5I5f'
-local U32 = 4294967295
+-- writer's deadline; committed: the expiry, 0 none), page (5 bytes), depth (2 bytes),
+-- created, last_access, hits (3 bytes), lease_until, page_free_at, size (4 bytes), the
+-- key's LRU generation (5 bytes; one-rank namespaces only, 0 otherwise: `c:NS` holds it),
+-- retention (seconds, float32), then the checksum (`codec.encode_checksum`: "xxh3:" and 16
+-- hex digits are 9 bytes). Times count from `EPOCH_MS` (0: none): whole milliseconds in 5
+-- bytes (to 2059), `until` in microseconds in 7 bytes (an expiry is exact to the
+-- microsecond, as SQLite's). Integers are unsigned little-endian; depth saturates at
+-- 65,535 (as the LRU member's does: the eviction order is unchanged), hits at 2^24 - 1;
+-- sizes past 2^32 - 1 are refused by the store. 60 bytes with an
+-- xxh3 checksum, one 64-byte allocation (format 4; `codec.unpack_entry` reads the same
+-- layout). Flags and `until` lead, so a lookup reads a committed entry without expiry
+-- from its first 8 bytes (`codec.entry_counts`). In a script, every time is in ms (a
+-- double: `until` keeps its microseconds).
+local ENTRY = '<BI7I5I2I5I5I3I5I5I4I5f'
+local U16, U24 = 65535, 16777215
 local EPOCH_MS = 1735689600000  -- 2025-01-01 UTC
 local TIME_MAX = EPOCH_MS + 1099511627775  -- what 5 bytes of ms hold
 local UNTIL_MAX = EPOCH_MS + 72057594037927  -- what 7 bytes of microseconds hold
@@ -83,15 +87,15 @@ end
 
 local function unpack_entry(v)
   if not v then return nil end
-  local flags, until_, page, depth, created, last, hits, lease, freeat, size, retention, at =
-    struct.unpack(ENTRY, v)
+  local flags, until_, page, depth, created, last, hits, lease, freeat, size, gen, retention,
+    at = struct.unpack(ENTRY, v)
   if until_ > 0 then until_ = from_epoch_us(until_) end
   if lease > 0 then lease = lease + EPOCH_MS end
   if freeat > 0 then freeat = freeat + EPOCH_MS end
   return {
     state = flags % 2, renew = flags >= 2, page = page, depth = depth,
     created = created + EPOCH_MS, last = last + EPOCH_MS, hits = hits, until_ = until_,
-    lease = lease, freeat = freeat, size = size, retention = retention,
+    lease = lease, freeat = freeat, size = size, gen = gen, retention = retention,
     checksum = string.sub(v, at),
   }
 end
@@ -103,8 +107,9 @@ local function pack_entry(e)
   if e.until_ > 0 then until_ = to_epoch_us(e.until_) end
   if e.lease > 0 then lease = to_epoch(e.lease) end
   if e.freeat > 0 then freeat = to_epoch(e.freeat) end
-  return struct.pack(ENTRY, flags, until_, e.page, math.min(e.depth, U32), to_epoch(e.created),
-    to_epoch(e.last), math.min(e.hits, U32), lease, freeat, e.size, e.retention or 0)
+  return struct.pack(ENTRY, flags, until_, e.page, math.min(e.depth, U16), to_epoch(e.created),
+    to_epoch(e.last), math.min(e.hits, U24), lease, freeat, e.size, e.gen or 0,
+    e.retention or 0)
     .. (e.checksum or '')
 end
 
@@ -115,15 +120,132 @@ local function expired(e) return e.state == 1 and e.until_ > 0 and e.until_ <= N
 local NOW_S = f6(NOW)
 
 -- the LRU index ---------------------------------------------------------------------------
--- `lru:NS` is THE eviction order: scored by last access, and among equal scores Redis
--- orders members by their bytes, so a member is 0xffff - depth in 2 big-endian bytes
--- (depth clamped to 0..0xffff) then the key: equally old keys come deepest first (a chain's
--- tail before its head), then by key — the order SQLite's index gives
--- (last_access, depth DESC, key). `ZRANGE … LIMIT` walks it: k victims cost O(k log n).
+-- A member is 0xffff - depth in 2 big-endian bytes (depth clamped to 0..0xffff) then the
+-- key: among equally old keys Redis orders members by their bytes, so they come deepest
+-- first (a chain's tail before its head), then by key — the order SQLite's index gives
+-- (last_access, depth DESC, key). `x:NS` uses the same members.
 local function lru_member(key, depth)
   return struct.pack('>H', 0xffff - math.max(0, math.min(0xffff, depth))) .. key
 end
 local function lru_key(member) return string.sub(member, 3) end
+
+-- The LRU is kept in generations (format 4): small sorted sets `g:NS:ID` of at most
+-- GEN_MAX members (listpack-encoded under Redis's compiled-in 128 / 64: ~50 B a member
+-- where one big sorted set costs ~134), scored by last access (µs since EPOCH_MS, an
+-- integer: compact in a listpack), appended in time order. `gi:NS` lists the live ids
+-- (score = id) and `ns:NS`'s `gen` is the last id issued. A touch removes the key's member
+-- from its generation (each key's id is in its entry, or with 2+ ranks in `c:NS`) and
+-- appends the touched keys, in member order, to the newest generation, so the
+-- generations in id order, each in its own order, are the eviction order. An emptied
+-- generation is dropped with its last member. A clock that steps back d ms can reorder
+-- keys touched within d ms (as one sorted set would too).
+local GEN_MAX = 128
+
+-- Remove `members` (a list) from generation `gen` of `ns`; the generation goes when
+-- emptied. `stray_keys` (a set of keys, or nil): also remove members of those keys that
+-- carry another depth (a key of several ranks whose member came from another rank).
+local function lru_remove(ns, gen, members, stray_keys)
+  if not gen or gen <= 0 or #members == 0 then return end
+  local gk = k_g(ns, gen)
+  local removed = 0
+  for i = 1, #members, 1000 do
+    removed = removed + redis.call('ZREM', gk, unpack(members, i, math.min(i + 999, #members)))
+  end
+  if stray_keys and removed < #members then
+    local stray = {}
+    for _, m in ipairs(redis.call('ZRANGE', gk, 0, -1)) do
+      if stray_keys[lru_key(m)] then stray[#stray + 1] = m end
+    end
+    if #stray > 0 then redis.call('ZREM', gk, unpack(stray)) end
+  end
+  if redis.call('EXISTS', gk) == 0 then redis.call('ZREM', k_gi(ns), gen) end
+end
+
+-- Touch keys now: `items` is a list of {key, member, gen} (gen: where the key's member is,
+-- 0 none). Each key's member leaves its generation and joins the newest, in member
+-- order (deepest first, then key); a key listed twice moves once. `several_ranks`: the
+-- key's old member may carry another rank's depth. Returns each item's new generation.
+local function lru_touch(ns, items, several_ranks)
+  local members, first_of, by_gen = {}, {}, {}
+  for i, it in ipairs(items) do
+    local key = it[1]
+    if not first_of[key] then
+      first_of[key] = i
+      members[#members + 1] = it[2]
+      local g = it[3] or 0
+      if g > 0 then
+        local b = by_gen[g]
+        if not b then b = {{}, {}}; by_gen[g] = b end
+        b[1][#b[1] + 1] = it[2]
+        b[2][key] = true
+      end
+    end
+  end
+  for g, b in pairs(by_gen) do lru_remove(ns, g, b[1], several_ranks and b[2] or nil) end
+  table.sort(members)  -- eviction order among equally old keys (C comparisons, no closure)
+  local nk = k_ns(ns)
+  local cur = tonumber(redis.call('HGET', nk, 'gen') or '0') or 0
+  local n = 0
+  if cur > 0 then n = redis.call('ZCARD', k_g(ns, cur)) end
+  local gen_of = {}  -- member -> its new generation
+  local stamp = string.format('%d', NOW_US)
+  local i = 1
+  while i <= #members do
+    if cur == 0 or n >= GEN_MAX then
+      cur = redis.call('HINCRBY', nk, 'gen', 1)
+      n = 0
+    end
+    if n == 0 then redis.call('ZADD', k_gi(ns), cur, cur) end
+    local args = {}
+    while i <= #members and n < GEN_MAX do
+      args[#args + 1] = stamp
+      args[#args + 1] = members[i]
+      gen_of[members[i]] = cur
+      n = n + 1
+      i = i + 1
+    end
+    redis.call('ZADD', k_g(ns, cur), unpack(args))
+  end
+  local out = {}
+  for j, it in ipairs(items) do out[j] = gen_of[items[first_of[it[1]]][2]] end
+  return out
+end
+
+-- The LRU index's members of `ns` in eviction order from position `from` (0-based, over
+-- every generation), at most `count`, stopping at the first last-accessed at or after
+-- `below_us` (nil: none): a list of {member, last access (µs), generation}. Whole
+-- generations before `from` cost one ZCARD each.
+local function lru_slice(ns, from, count, below_us)
+  local out = {}
+  local gi = k_gi(ns)
+  local at, skip = 0, from
+  while #out < count do
+    local ids = redis.call('ZRANGE', gi, at, at + 63)
+    if #ids == 0 then break end
+    for _, id in ipairs(ids) do
+      local gen = tonumber(id)
+      local gk = k_g(ns, gen)
+      local n = redis.call('ZCARD', gk)
+      if skip >= n then
+        skip = skip - n
+      else
+        local got = redis.call('ZRANGE', gk, skip, skip + count - #out - 1, 'WITHSCORES')
+        skip = 0
+        for i = 1, #got, 2 do
+          local score = tonumber(got[i + 1])
+          if below_us and score >= below_us then return out end
+          out[#out + 1] = {got[i], score, gen}
+        end
+        if #out >= count then return out end
+      end
+    end
+    at = at + #ids
+  end
+  return out
+end
+
+-- A time in seconds as the generations score it (µs since EPOCH_MS).
+local function lru_us(t) return (t - EPOCH_MS / 1000) * 1000000 end
 
 -- the change log ---------------------------------------------------------------------
 -- Each stream entry is a run of consecutive changes of one namespace and sign: fields
@@ -227,8 +349,21 @@ local function pinned(ns, key)
   return expires == 0 or expires > NOW
 end
 
+-- `c:NS`'s value (2+ ranks): the ranks committed, the key's LRU generation, then the key's
+-- earliest expiry when it has one: "RANKS GEN" or "RANKS GEN EXPIRY_MS".
+local function c_value(count, gen, expiry)
+  if expiry and expiry > 0 then return string.format('%d %d %.3f', count, gen, expiry) end
+  return string.format('%d %d', count, gen)
+end
+-- count, generation, expiry (nil: none) of a `c:NS` value (nil: 0, 0, nil)
+local function c_parse(v)
+  if not v then return 0, 0, nil end
+  local c, g, x = string.match(v, '^(%d+) (%d+) ?(%S*)$')
+  return tonumber(c), tonumber(g), tonumber(x)
+end
+
 -- How many ranks of a key are committed: the entry itself on one rank (no `c:NS`: the
--- lookup reads `e:NS:0`), else `c:NS`'s count ("RANKS" or "RANKS EXPIRY_MS").
+-- lookup reads `e:NS:0`), else `c:NS`'s count.
 local function committed_ranks(ns, key, nranks)
   if nranks == 1 then
     local e = unpack_entry(redis.call('HGET', k_e(ns, 0), key))
@@ -238,12 +373,6 @@ local function committed_ranks(ns, key, nranks)
   local v = redis.call('HGET', k_c(ns), key)
   if not v then return 0 end
   return tonumber(string.match(v, '^%d+'))
-end
-
--- `c:NS`'s value: the committed ranks, then the key's earliest expiry when it has one.
-local function c_value(count, expiry)
-  if expiry and expiry > 0 then return string.format('%d %.3f', count, expiry) end
-  return tostring(count)
 end
 
 local function sum_hash(key, fields)
@@ -289,11 +418,17 @@ local function drop_key(ns, key, nranks)
   local had = 0
   local members = {}
   local expiring = false  -- an entry has an expiry: the key is in `x:NS` too
+  local gen = 0  -- the key's LRU generation
+  if nranks > 1 then
+    local _
+    _, gen = c_parse(redis.call('HGET', k_c(ns), key))
+  end
   for r = 0, nranks - 1 do
     local ek = k_e(ns, r)
     local e = unpack_entry(redis.call('HGET', ek, key))
     if e and e.state == 1 then
       members[lru_member(key, e.depth)] = true
+      if nranks == 1 then gen = e.gen end
       if e.until_ > 0 then expiring = true end
       redis.call('HDEL', ek, key)
       free_page(ns, r, e.page, math.max(NOW, e.lease / 1000))
@@ -307,7 +442,9 @@ local function drop_key(ns, key, nranks)
     if had >= nranks then redis.call('HINCRBY', k_ns(ns), 'keys', -1) end
     if nranks > 1 then redis.call('HDEL', k_c(ns), key) end
   end
-  for m in pairs(members) do redis.call('ZREM', k_lru(ns), m) end
+  local list = {}
+  for m in pairs(members) do list[#list + 1] = m end
+  lru_remove(ns, gen, list, nil)
   if expiring then for m in pairs(members) do redis.call('ZREM', k_x(ns), m) end end
   return freed
 end

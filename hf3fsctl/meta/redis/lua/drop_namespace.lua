@@ -5,8 +5,12 @@
 -- ARGV: ns, dry_run (0/1).  Returns {keys, bytes, {paths by rank}, writing}.
 local ns, dry = ARGV[1], ARGV[2] == '1'
 local nranks = ns_ranks(ns)
-local keys  -- keys with a committed rank: one LRU member each on one rank, else `c:NS`
-if nranks == 1 then keys = redis.call('ZCARD', k_lru(ns)) else keys = redis.call('HLEN', k_c(ns)) end
+local keys  -- keys with a committed rank: one rank's entries but the pending, else `c:NS`
+if nranks == 1 then
+  keys = redis.call('HLEN', k_e(ns, 0)) - redis.call('ZCARD', k_pend(ns, 0))
+else
+  keys = redis.call('HLEN', k_c(ns))
+end
 local bytes = tonumber(redis.call('HGET', K_HELD, ns)) or 0
 local writing = 0
 local paths = {}
@@ -28,7 +32,13 @@ for r = 0, nranks - 1 do
 end
 local model = redis.call('HGET', k_ns(ns), 'model')
 if model then redis.call('SREM', P .. 'model:' .. model, ns) end
-redis.call('UNLINK', k_c(ns), k_lru(ns), k_x(ns), k_adm(ns), k_pins(ns), k_ev(ns), k_ns(ns))
+local gens = redis.call('ZRANGE', k_gi(ns), 0, -1)
+for i = 1, #gens, 1000 do
+  local names = {}
+  for j = i, math.min(i + 999, #gens) do names[#names + 1] = k_g(ns, tonumber(gens[j])) end
+  redis.call('UNLINK', unpack(names))
+end
+redis.call('UNLINK', k_c(ns), k_gi(ns), k_x(ns), k_adm(ns), k_pins(ns), k_ev(ns), k_ns(ns))
 redis.call('HDEL', K_MANIFESTS, ns)
 redis.call('HDEL', K_HELD, ns)
 redis.call('HDEL', K_GIVING, ns)

@@ -41,8 +41,8 @@ local cap = redis.call('HGET', K_INFO, 'capacity_bytes')
 if cap then bytes_total = tonumber(cap) end
 bytes_used = bytes_used - counted
 
-local max_score = '+inf'
-if cutoff ~= nil then max_score = '(' .. f6(cutoff) end
+local below_us = nil  -- the cutoff as the LRU generations score it
+if cutoff ~= nil then below_us = lru_us(cutoff) end
 local ranks, cands = {}, {}
 local threshold = nil
 local walked_scope = scope
@@ -50,21 +50,20 @@ if phase == 'x' then walked_scope = expiring_of(scope) end
 for _, ns in ipairs(scope) do ranks[ns] = tonumber(redis.call('HGET', k_ns(ns), 'num_ranks')) end
 for _, ns in ipairs(walked_scope) do
   offset[ns] = offset[ns] or 0
-  local got
+  local n
   if phase == 'x' then  -- the expired keys, soonest first: {ns, key, expiry, member}
-    got = redis.call('ZRANGEBYSCORE', k_x(ns), '-inf', expired_by, 'WITHSCORES',
+    local got = redis.call('ZRANGEBYSCORE', k_x(ns), '-inf', expired_by, 'WITHSCORES',
       'LIMIT', offset[ns], batch)
     for i = 1, #got, 2 do
       cands[#cands + 1] = {ns, lru_key(got[i]), tonumber(got[i + 1]), got[i]}
     end
-  else  -- the LRU index is in eviction order (lua/common.lua, `lru_member`): a window
-    got = redis.call('ZRANGEBYSCORE', k_lru(ns), '-inf', max_score, 'WITHSCORES',
-      'LIMIT', offset[ns], batch)
-    for i = 1, #got, 2 do
-      cands[#cands + 1] = {ns, lru_key(got[i]), tonumber(got[i + 1]), got[i]}
-    end
+    n = #got / 2
+  else  -- the LRU generations are in eviction order (lua/common.lua, `lru_slice`)
+    local got = lru_slice(ns, offset[ns], batch, below_us)
+    for _, m in ipairs(got) do cands[#cands + 1] = {ns, lru_key(m[1]), m[2], m[1], m[3]} end
+    n = #got
   end
-  if #got == 2 * batch then  -- more beyond: only what sorts before this is in order
+  if n == batch then  -- more beyond: only what sorts before this is in order
     local last = cands[#cands]
     if threshold == nil or sorts_before(last, threshold) then threshold = last end
   end
@@ -82,8 +81,19 @@ local function passed_over(ns, key, depth)
     return x ~= nil and x <= expired_by
   end
   if cutoff == nil then return false end
-  local last = tonumber(redis.call('ZSCORE', k_lru(ns), lru_member(key, depth)))
-  return last == nil or last >= cutoff
+  local gen = 0  -- the key's LRU generation: its entry's (one rank), else `c:NS`'s
+  if ranks[ns] == 1 then
+    local e = unpack_entry(redis.call('HGET', k_e(ns, 0), key))
+    if e then gen = e.gen end
+  else
+    local _
+    _, gen = c_parse(redis.call('HGET', k_c(ns), key))
+  end
+  local last = nil
+  if gen and gen > 0 then
+    last = tonumber(redis.call('ZSCORE', k_g(ns, gen), lru_member(key, depth)))
+  end
+  return last == nil or last >= below_us
 end
 local keys, pages, freed_bytes = 0, 0, 0
 local by_ns, counts = {}, {}

@@ -24,21 +24,23 @@ local function evictable(ns, key, nranks, lru, include_pinned, need_rank)
   return true, depth
 end
 
--- Whether candidate `a` {ns, key, last_access, lru member} goes before `b`: the LRU
--- index's own order (last access, then the member: deepest first, then key), then
--- namespace — SQLite's (last_access, depth DESC, key).
+-- Whether candidate `a` {ns, key, last_access, lru member, generation} goes before `b`:
+-- the LRU index's own order (last access, then the member: deepest first, then key),
+-- then namespace — SQLite's (last_access, depth DESC, key).
 local function sorts_before(a, b)
   if a[3] ~= b[3] then return a[3] < b[3] end
   if a[4] ~= b[4] then return a[4] < b[4] end
   return a[1] < b[1]
 end
 
--- The next `batch` LRU candidates {ns, key, last_access, member} of a namespace past
--- `from`: a `ZRANGE` of its LRU index, already in eviction order (O(batch + log n)).
+-- The next `batch` LRU candidates {ns, key, last_access (µs), member, generation} of a
+-- namespace past `from`: the oldest generations' members, already in eviction order
+-- (`lru_slice`: O(batch + the generations passed)).
 local function lru_window(ns, from, batch)
-  local got = redis.call('ZRANGE', k_lru(ns), from, from + batch - 1, 'WITHSCORES')
   local out = {}
-  for i = 1, #got, 2 do out[#out + 1] = {ns, lru_key(got[i]), tonumber(got[i + 1]), got[i]} end
+  for _, m in ipairs(lru_slice(ns, from, batch, nil)) do
+    out[#out + 1] = {ns, lru_key(m[1]), m[2], m[1], m[3]}
+  end
   return out
 end
 
@@ -76,7 +78,7 @@ end
 
 -- One walk of `evict_lru`: candidates of `window` in `names`, evicted while not
 -- `satisfied()` and fewer than `limit` went (`evicted` so far); counted under `why`.
-local function walk(window, names, index, why, satisfied, on_free, batch, need_rank, limit,
+local function walk(window, names, why, satisfied, on_free, batch, need_rank, limit,
     ranks, evicted)
   local counts, skip = {}, {}
   for _, ns in ipairs(names) do skip[ns] = 0 end
@@ -99,8 +101,8 @@ local function walk(window, names, index, why, satisfied, on_free, batch, need_r
         end
         count_evictions(counts, ns, 1, bytes)
         evicted = evicted + 1
-      elseif depth == -1 then
-        redis.call('ZREM', index(ns), c[4])  -- no committed entry left: not a candidate
+      elseif depth == -1 then  -- no committed entry left: not a candidate
+        if c[5] then lru_remove(ns, c[5], {c[4]}, nil) else redis.call('ZREM', k_x(ns), c[4]) end
       else
         skip[ns] = skip[ns] + 1
       end
@@ -133,9 +135,9 @@ local function evict_lru(scope, satisfied, on_free, reason, batch, need_rank, li
   local evicted = 0
   local expiring = expiring_of(scope)
   if #expiring > 0 then
-    evicted = walk(expired_window, expiring, k_x, 'expired', satisfied, on_free, batch,
+    evicted = walk(expired_window, expiring, 'expired', satisfied, on_free, batch,
       need_rank, limit, ranks, evicted)
   end
-  return walk(lru_window, scope, k_lru, reason, satisfied, on_free, batch, need_rank, limit,
+  return walk(lru_window, scope, reason, satisfied, on_free, batch, need_rank, limit,
     ranks, evicted)
 end

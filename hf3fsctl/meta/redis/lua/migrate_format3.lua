@@ -1,7 +1,8 @@
 -- migrate_format3: format 2 -> 3 for one namespace (ARGV[1] = ns), or for the change log
 -- (ARGV[1] = ''). Format 3 stores keys as bytes (64 hex digits: 32 bytes; an odd number
 -- of digits: the text, padded with NULs to 65 bytes, as `codec.encode_key` does), entries
--- in the 58-byte layout of `common.lua` (times in ms, an "xxh3:" checksum in 9 bytes),
+-- in format 3's 60-byte layout (`FORMAT3_ENTRY` below: times in ms, an "xxh3:" checksum
+-- in 9 bytes; format 4 follows, `migrate_format4.lua`),
 -- LRU members with the depth in 2 bytes, and no `c:NS` for a namespace of one rank.
 -- Each call is atomic (O(the namespace's keys), once, on the first open by this
 -- release); `migrated_3` (a set) records what is done, so a second run skips it.
@@ -77,6 +78,18 @@ if ns == '' then  -- the change log: space-separated hex keys -> length-prefixed
 end
 
 local OLD_ENTRY = '<Bddddddddd'
+-- format 3's entry: flags, until (µs), page, depth, created, last, hits, lease, freeat,
+-- size, retention, then the checksum (format 4 narrowed it for the LRU generation)
+local FORMAT3_ENTRY = '<BI7I6I4I5I5I4I5I5I5f'
+local function pack3(e)
+  local until_, lease, freeat = 0, 0, 0
+  if e.until_ > 0 then until_ = to_epoch_us(e.until_) end
+  if e.lease > 0 then lease = to_epoch(e.lease) end
+  if e.freeat > 0 then freeat = to_epoch(e.freeat) end
+  return struct.pack(FORMAT3_ENTRY, e.state, until_, e.page, math.min(e.depth, 4294967295),
+    to_epoch(e.created), to_epoch(e.last), math.min(e.hits, 4294967295), lease, freeat, e.size,
+    0) .. e.checksum
+end
 local nranks = tonumber(redis.call('HGET', k_ns(ns), 'num_ranks')) or 0
 local moved = 0
 for r = 0, nranks - 1 do
@@ -87,7 +100,7 @@ for r = 0, nranks - 1 do
       last = ms(last), hits = hits, until_ = 0, lease = ms(lease), freeat = ms(freeat),
       size = size, retention = 0, checksum = checksum_bytes(string.sub(v, at))}
     if state == 0 then e.until_ = ms(deadline) end
-    return key_bytes(hex), pack_entry(e)
+    return key_bytes(hex), pack3(e)
   end)
   rebuild(k_pend(ns, r), true, function(hex, score) return key_bytes(hex), score end)
 end
