@@ -229,7 +229,8 @@ class WorkerSide(WorkerStorage):
             threading.Thread(
                 target=self._prewarm_staging, name="hf3fsctl-prewarm", daemon=True
             ).start()
-        self.ensure_registered()
+        if self.ensure_registered():
+            self._warm_up_loads()
         from hf3fsctl.ops.status import describe_staging_path
 
         logger.info(
@@ -491,6 +492,18 @@ class WorkerSide(WorkerStorage):
             if lease is not None:
                 lease.release()
         self._load_ended(run, failed, kind)
+
+    def _warm_up_loads(self) -> None:
+        """Pay the first load's one-time costs here, on the thread that will run the
+        synchronous loads, not in the first request's step (issue 23): the host cache's
+        byte views, and the store's statements (`Tier.warm_up`, which changes nothing a
+        reader sees). Opens no file and reads no page."""
+        tier = self.tier
+        if tier is None or self.disabled is not None:
+            return
+        if not self._cuda:
+            self._page_pieces([])
+        tier.warm_up()
 
     def _page_pieces(self, block_ids: list[int]) -> list[list[memoryview]]:
         """The byte ranges of `block_ids`' pages in the host KV cache (its geometry's work

@@ -563,6 +563,17 @@ class Tier:
             outcome.kinds = [CANCELLED] * count
         return outcome
 
+    def warm_up(self) -> None:
+        """Pay the first `load`'s one-time costs of the store now, off the request path
+        (issue 23): where it offers `locate_pages`, its statements are compiled on the
+        calling thread's connection (the thread that will load) and the client's class
+        is checked against the protocol. Nothing a reader sees changes. Best effort.
+        """
+        try:
+            self._call(lambda c: _prepare_locate(c, self.namespace, self.rank))
+        except Exception as exc:  # the first load pays instead
+            logger.debug("warming the loads of %s up failed: %s", self._where(), exc)
+
     def invalidate(self, pages: Sequence[Location]) -> int:
         """Have the store drop the keys of `pages` (they failed their checksum).
 
@@ -581,17 +592,28 @@ class Tier:
         return f"namespace {self.namespace} rank {self.rank}"
 
 
+def _offers_pages(client: DataPath) -> bool:
+    """Whether `client` is a `LocatesPages` (a protocol check costs microseconds, the
+    first one of a process ~0.3 ms: once per client class)."""
+    kind = type(client)
+    offers = _LOCATES_PAGES.get(kind)
+    if offers is None:
+        offers = _LOCATES_PAGES[kind] = isinstance(client, LocatesPages)
+    return offers
+
+
 def _locate(
     client: DataPath, namespace: str, rank: int, keys: Sequence[str]
 ) -> Sequence[Location | PageLocation | None]:
     """`locate`, as tuples where the store offers them (`LocatesPages`: no model per key)."""
-    kind = type(client)
-    offers = _LOCATES_PAGES.get(kind)
-    if offers is None:  # a protocol check costs microseconds: once per client class
-        offers = _LOCATES_PAGES[kind] = isinstance(client, LocatesPages)
-    if offers:
+    if _offers_pages(client):
         return cast(LocatesPages, client).locate_pages(namespace, rank, keys)
     return client.locate(namespace, rank, list(keys))
+
+
+def _prepare_locate(client: DataPath, namespace: str, rank: int) -> None:
+    if _offers_pages(client):
+        cast(LocatesPages, client).prepare_locate_pages(namespace, rank)
 
 
 # Whether each client class offers `locate_pages` (its methods are the class's).

@@ -252,6 +252,11 @@ class LocatesPages(Protocol):
         """`locate`, as `PageLocation`s."""
         ...
 
+    def prepare_locate_pages(self, namespace: str, rank: int) -> None:
+        """Pay the first `locate_pages`' one-time costs now (statements compiled),
+        changing nothing a reader sees."""
+        ...
+
 
 @runtime_checkable
 class Replicated(Protocol):

@@ -68,6 +68,49 @@ def test_block_hits_only_when_every_rank_committed(harness: Harness) -> None:
     assert hits == [0, 3]
 
 
+def test_registration_warms_the_first_load_up_and_changes_nothing_stored(
+    harness: Harness, tmp_path: Path
+) -> None:
+    """`register_kv_caches` pays the first load's one-time costs (the host cache's byte
+    views, the store's lease statements: tests/unit/test_load_warm_up.py) without a hit,
+    an access time or a lease moving."""
+    import sqlite3
+
+    stored = _stored_prompt(harness, 2)
+    database = tmp_path / "store" / "metadata.db"
+
+    def seen() -> tuple[object, ...]:
+        conn = sqlite3.connect(database)
+        try:
+            # (registering writes the namespace's row: its use and lookup counters)
+            return tuple(
+                conn.execute(query).fetchall()
+                for query in (
+                    "SELECT * FROM entries ORDER BY 1, 2, 3",
+                    "SELECT * FROM key_lru ORDER BY 1, 2, 3",
+                    "SELECT id, hits FROM namespaces ORDER BY 1",
+                )
+            )
+        finally:
+            conn.close()
+
+    before = seen()
+    settings = load_settings(harness.vllm_config)
+    worker = WorkerSide(settings, harness.worker.manifest, harness.kv_cache_config, StatsRecorder())
+    try:
+        _, views = make_kv_caches(harness.kv_cache_config)
+        worker.register_kv_caches(views)
+        assert worker.disabled is None
+        assert worker._host_pieces is not None and worker._host_pieces[0] is worker.segments
+        assert seen() == before
+        blocks = list(range(len(stored)))
+        worker.start_load_kv(Hf3fsctlConnectorMetadata(loads=[LoadJob("w", blocks, stored, True)]))
+        assert worker.get_block_ids_with_load_errors() == set()
+    finally:
+        worker.shutdown()
+    assert seen() != before  # the load itself counts its hits
+
+
 def test_kv_tensor_not_matching_the_config_is_a_startup_error(
     harness: Harness, tmp_path: Path
 ) -> None:
