@@ -319,14 +319,16 @@ class SqliteDatabase:
             yield
 
     @contextmanager
-    def _write(self) -> Iterator[sqlite3.Connection]:
-        """One write transaction (BEGIN IMMEDIATE … COMMIT), counters flushed within."""
+    def _write(self, *, flush_counters: bool = True) -> Iterator[sqlite3.Connection]:
+        """One write transaction (BEGIN IMMEDIATE … COMMIT), the pending lookup counters
+        flushed within unless `flush_counters` is False."""
         conn = self._conn()
         with self._unavailable_on_busy(), self._exclusive():
             conn.execute("BEGIN IMMEDIATE")
             try:
                 yield conn
-                self._flush_counters(conn)
+                if flush_counters:
+                    self._flush_counters(conn)
                 conn.execute("COMMIT")
             except BaseException:
                 conn.execute("ROLLBACK")

@@ -401,26 +401,18 @@ class MetadataStore(SqliteDatabase, StoreCore):
         Changes nothing a reader sees: the statements name a rank no entry has and a
         namespace id no namespace has, so they change no row, and a transaction that
         changed none commits without writing to the WAL (its `COMMIT` is compiled too);
-        had one changed a row, it is rolled back. A read-only store takes no leases:
-        nothing to do.
+        the pending lookup counters are left for the next real write. A read-only store
+        takes no leases: nothing to do.
         """
         if self.read_only:
             return
         check_namespace_id(namespace)
-        conn = self._conn()
-        with self._unavailable_on_busy(), self._exclusive():
-            changes = conn.total_changes
-            conn.execute("BEGIN IMMEDIATE")
-            try:
-                self._ranks_of(conn, namespace)
-                for size in _IN_SIZES:
-                    keys = [""] * size
-                    conn.execute(_lease_sql(size), (0.0, 0.0, namespace, *keys, -1, 0.0))
-                conn.execute(_COUNT_HITS, (0, 0.0, ""))
-            except BaseException:
-                conn.execute("ROLLBACK")
-                raise
-            conn.execute("COMMIT" if conn.total_changes == changes else "ROLLBACK")
+        with self._write(flush_counters=False) as conn:
+            self._ranks_of(conn, namespace)
+            for size in _IN_SIZES:
+                keys = [""] * size
+                conn.execute(_lease_sql(size), (0.0, 0.0, namespace, *keys, -1, 0.0))
+            conn.execute(_COUNT_HITS, (0, 0.0, ""))
 
     def _giving_back_elsewhere(self) -> bool:
         """Whether some writer's freed pages are marked and not yet punched."""
