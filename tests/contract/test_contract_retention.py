@@ -61,10 +61,15 @@ class Expiry:
 
 
 def commit_expiring(
-    client: MetadataClient, ns: str, rank: int, allocated: list[Any], retention_s: float, **kw: bool
+    client: MetadataClient,
+    ns: str,
+    rank: int,
+    allocated: list[Any],
+    retention_s: float,
+    renew_on_read: bool = False,
 ) -> Expiry:
     """Commit `allocated` on `rank` with a retention; returns the bounds on its expiry."""
-    items = commit_items(allocated, retention_s, **kw)
+    items = commit_items(allocated, retention_s, renew_on_read)
     sent = time.time()
     assert client.commit(ns, rank, items) == len(items)
     return Expiry(sent + retention_s, time.time() + retention_s)
