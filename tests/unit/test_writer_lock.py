@@ -16,6 +16,7 @@ import pytest
 from helpers.meta_builders import keys, register
 
 from hf3fsctl.errors import MetadataUnavailable
+from hf3fsctl.meta.sqlite import database
 from hf3fsctl.meta.sqlite.store import MetadataStore
 from hf3fsctl.meta.sqlite.writer_lock import WriterLock
 
@@ -66,13 +67,17 @@ def test_waiting_writer_proceeds_promptly_after_release(tmp_path: Path) -> None:
     assert 0.2 < waited < 3.0
 
 
-def test_a_lookup_never_waits_for_a_held_writer_lock(tmp_path: Path) -> None:
+def test_a_lookup_never_waits_for_a_held_writer_lock(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # The server answers lookups on its event loop: a lookup whose counter flush is due
     # while another process holds the writer lock skips the flush instead of waiting.
+    # Counters are flushed once a second; a 0.1 s interval makes one due sooner.
+    monkeypatch.setattr(database, "_FLUSH_INTERVAL_S", 0.1)
     store = MetadataStore(tmp_path / "m.db", busy_timeout_s=5)
     ns = register(store)
     store.lookup(ns, keys(3))
-    time.sleep(1.1)  # the next lookup's counter flush is due
+    time.sleep(0.2)  # the next lookup's counter flush is due
     holder = hold_lock(tmp_path / "m.db", 5)
     try:
         started = time.monotonic()
