@@ -185,11 +185,13 @@ def test_an_expired_entry_is_not_loaded(
     harnesses: list[Harness], tiny_model_dir: Path, store: Path
 ) -> None:
     prompt = _prompt()
+    retention_s = 0.3
     _run(
         _new(harnesses, tiny_model_dir, store),
-        make_request("c", prompt, kv_transfer_params={"retention": 1}),
+        make_request("c", prompt, kv_transfer_params={"retention": retention_s}),
     )
-    time.sleep(1.2)
+    saved = time.time()  # every commit has returned: its entries expire before this + 0.3 s
+    time.sleep(max(0.0, saved + retention_s + 0.1 - time.time()))
     warm = _new(harnesses, tiny_model_dir, store)
     _run(warm, make_request("w", prompt))
     assert _loads(warm) == []
