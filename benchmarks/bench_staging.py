@@ -56,6 +56,7 @@ sys.path.insert(0, str(REPO))
 from hf3fsctl.staging import (  # noqa: E402
     KVSegment,
     _CompiledOps,
+    _ops,
     _TorchOps,
     gather_blocks,
     load_compiled_ops,
@@ -291,6 +292,9 @@ def _one_block_row(
             }
 
     row["verified"] = _one_block_verified(seg, block, table)
+    active = _ops()  # which way the public 1-block call went: past the dispatcher or the op
+    plan = active._plan(segs) if isinstance(active, _CompiledOps) else None
+    row["path"] = "ctypes" if getattr(plan, "one_block", None) else "op"
 
     def pinned_query() -> None:
         table.is_pinned()

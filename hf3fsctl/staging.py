@@ -36,6 +36,7 @@ dependencies).
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
 import threading
@@ -255,6 +256,53 @@ _PLAN_CACHE_SIZE = 64  # segment lists remembered per _CompiledOps (one per KV c
 _Geometry = tuple[int, int, int, int, int, int, int]
 
 
+class _OneBlockEntryPoints:
+    """The loaded library's 1-block path past the dispatcher (`csrc/one_block.cpp`), bound
+    through ctypes: a segment is registered once (its geometry checked there) and a 1-block
+    call is one C call per segment with a handle, a block id and the staging row's address.
+    Every non-zero status moved nothing; the caller then runs the op, which raises the op's
+    own exception (or serves a layout the copy engine refuses)."""
+
+    def __init__(self, library: ctypes.CDLL) -> None:
+        i64, i32, pointer = ctypes.c_int64, ctypes.c_int, ctypes.c_void_p
+        self.register = library.hf3fsctl_one_block_register
+        self.register.argtypes = [pointer, i64, i32, i64, i64, i64, i64, i64, i64, i64, i64]
+        self.register.restype = i32
+        self.copy = library.hf3fsctl_one_block_copy
+        self.copy.argtypes = [i32, i64, pointer, i32]
+        self.copy.restype = i32
+        self.release = library.hf3fsctl_one_block_release
+        self.release.argtypes = [i32]
+        self.release.restype = None
+        self.handles_in_use = library.hf3fsctl_one_block_handles
+        self.handles_in_use.argtypes = []
+        self.handles_in_use.restype = i32
+
+
+_ONE_BLOCK: _OneBlockEntryPoints | None = None
+
+
+def _one_block_entry_points() -> _OneBlockEntryPoints | None:
+    """The 1-block entry points of the loaded ops library; None when none loaded has them
+    (a library built before them: every call takes the op)."""
+    global _ONE_BLOCK
+    if _ONE_BLOCK is None:
+        for path in sorted(torch.ops.loaded_libraries):
+            try:
+                library = ctypes.CDLL(path)  # the loaded library's own handle (dlopen)
+            except OSError:
+                continue
+            if hasattr(library, "hf3fsctl_one_block_copy"):
+                _ONE_BLOCK = _OneBlockEntryPoints(library)
+                break
+    return _ONE_BLOCK
+
+
+def _release_handles(release: Any, handles: tuple[int, ...]) -> None:
+    for handle in handles:
+        release(handle)
+
+
 @dataclass(frozen=True)
 class _Plan:
     """What a call over one list of segments needs, worked out once per list.
@@ -267,6 +315,9 @@ class _Plan:
         cuda: the segments are CUDA tensors.
         fallback: why these segments take the torch path (None: the compiled ops).
         geometries: per segment, the ops' `geometry` argument.
+        one_block: per segment, its handle for 1-block calls past the dispatcher (released
+            when the plan goes); None where the op serves them (no entry points, a fallback,
+            bounce transfer, a geometry the library refuses).
     """
 
     segments: tuple[weakref.ref[KVSegment], ...]
@@ -275,6 +326,7 @@ class _Plan:
     cuda: bool
     fallback: str | None
     geometries: tuple[_Geometry, ...]
+    one_block: tuple[int, ...] | None = None
 
     def serves(self, segments: Sequence[KVSegment]) -> bool:
         """Whether this plan was made for these very segments (ids can be reused)."""
@@ -297,7 +349,11 @@ class _CompiledOps:
     single block is one cudaMemcpy2DAsync (or cudaMemcpyAsync) straight from the host
     pointer, pinned or pageable. What depends on the segments alone (page bytes, device,
     the op arguments) is worked out once per segment list (`_Plan`); a call checks only its
-    table and ids, and asks nothing about the memory (no `is_pinned`). Tensors on a device
+    table and ids, and asks nothing about the memory (no `is_pinned`). A call of one block
+    into or out of host staging skips the dispatcher too: the plan holds each segment's
+    handle in the library (`_OneBlockEntryPoints`), and the call is one ctypes call per
+    segment issuing the op's own copy; whatever that refuses (an id out of range, a runtime
+    error) goes to the op, which raises as before. Tensors on a device
     the library was not built for take the torch path, and so does pageable host staging of
     several blocks next to a CUDA cache (the op raises NotImplementedError before a copy).
     """
@@ -312,8 +368,10 @@ class _CompiledOps:
         self._fallback = _TorchOps()
         self._warned: set[str] = set()
         self._plans: dict[tuple[int, ...], _Plan] = {}
+        self._last_plan: _Plan | None = None  # the plan of the latest call
         self._gather_op: Any = None  # the ops' overloads, looked up on first use
         self._scatter_op: Any = None
+        self._one_block_copy: Any = None  # hf3fsctl_one_block_copy, once a plan has handles
 
     def _resolve_ops(self) -> tuple[Any, Any]:
         # The overloads' C++ callables where torch exposes them (`OpOverload.__call__` is
@@ -325,9 +383,13 @@ class _CompiledOps:
         return self._gather_op, self._scatter_op
 
     def _plan(self, segments: Sequence[KVSegment]) -> _Plan:
+        last = self._last_plan  # one KV cache per worker, usually: no key to build
+        if last is not None and last.serves(segments):
+            return last
         key = tuple(map(id, segments))
         plan = self._plans.get(key)
         if plan is not None and plan.serves(segments):
+            self._last_plan = plan
             return plan
         if not segments:
             raise ValueError("no KV cache segments")
@@ -341,10 +403,23 @@ class _CompiledOps:
                                seg.num_blocks, seg.page_size, column))  # fmt: skip
             column += seg.page_bytes
         refs = tuple(weakref.ref(seg) for seg in segments)
-        plan = _Plan(refs, column, device, device.type == "cuda", fallback, tuple(geometries))
+        # One-block calls past the dispatcher where the op's plain one-row copy would serve
+        # them (not with bounce transfer, whose device table the op fills).
+        entry = None
+        if fallback is None and self.host_transfer == "zero_copy":
+            entry = _one_block_entry_points()
+        handles = (
+            None if entry is None else _register_one_block(entry, segments, geometries, column)
+        )
+        plan = _Plan(refs, column, device, device.type == "cuda", fallback, tuple(geometries),
+                     handles)  # fmt: skip
+        if entry is not None and handles is not None:
+            self._one_block_copy = entry.copy
+            weakref.finalize(plan, _release_handles, entry.release, handles).atexit = False
         if len(self._plans) >= _PLAN_CACHE_SIZE:
             self._plans.clear()
         self._plans[key] = plan
+        self._last_plan = plan
         return plan
 
     def _torch_path(self, plan: _Plan, table: torch.Tensor, pageable: bool = False) -> bool:
@@ -372,6 +447,17 @@ class _CompiledOps:
             _check_batch(segments, len(ids), out, "out")
         if not out.is_contiguous():
             raise ValueError("out must be contiguous")
+        handles = plan.one_block
+        if handles is not None and len(ids) == 1 and out.is_cpu:  # past the dispatcher
+            copy, row, block = self._one_block_copy, out.data_ptr(), ids[0]
+            try:
+                for handle in handles:
+                    if copy(handle, block, row, 1):
+                        break  # moved nothing: the op below raises as it would have
+                else:
+                    return
+            except ctypes.ArgumentError:
+                pass  # an id ctypes cannot pass as an int64: the op parses it
         if self._torch_path(plan, out):
             self._fallback.gather(segments, ids, out)
             return
@@ -399,6 +485,17 @@ class _CompiledOps:
             _check_batch(segments, len(ids), src, "src")
         if not src.is_contiguous():
             raise ValueError("src must be contiguous")
+        handles = plan.one_block
+        if handles is not None and len(ids) == 1 and src.is_cpu:  # past the dispatcher
+            copy, row, block = self._one_block_copy, src.data_ptr(), ids[0]
+            try:
+                for handle in handles:
+                    if copy(handle, block, row, 0):
+                        break  # moved nothing: the op below raises as it would have
+                else:
+                    return
+            except ctypes.ArgumentError:
+                pass  # an id ctypes cannot pass as an int64: the op parses it
         if self._torch_path(plan, src):
             self._fallback.scatter(segments, ids, src)
             return
@@ -414,6 +511,30 @@ class _CompiledOps:
         except NotImplementedError:  # pageable staging, several blocks: raised before a copy
             self._torch_path(plan, src, pageable=True)
             self._fallback.scatter(segments, ids, src)
+
+
+def _register_one_block(
+    entry: _OneBlockEntryPoints,
+    segments: Sequence[KVSegment],
+    geometries: Sequence[_Geometry],
+    row_bytes: int,
+) -> tuple[int, ...] | None:
+    """Each segment's 1-block handle, or None (every one released) where any segment is
+    left to the op: a buffer the op would refuse, a geometry the library refuses."""
+    handles: list[int] = []
+    for seg, geometry in zip(segments, geometries, strict=True):
+        buffer = seg.buffer
+        fits = buffer.dtype == torch.uint8 and buffer.dim() == 1 and buffer.is_contiguous()
+        if fits and all(-(1 << 62) < value < 1 << 62 for value in (*geometry, row_bytes)):
+            index = -1 if buffer.device.type == "cpu" else int(buffer.device.index or 0)
+            handle = entry.register(buffer.data_ptr(), buffer.numel(), index, *geometry, row_bytes)
+        else:
+            handle = -1
+        if handle < 0:
+            _release_handles(entry.release, tuple(handles))
+            return None
+        handles.append(handle)
+    return tuple(handles)
 
 
 def _compiled_devices() -> frozenset[str]:

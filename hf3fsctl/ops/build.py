@@ -5,12 +5,12 @@ Usage: ``python -m hf3fsctl.ops.build [--cuda|--cpu] [--out DIR] [--force] [--jo
 but torch, for GPU nodes without the service's dependencies).
 
 Contract:
-    * Compiles `registration.cpp` + `staging_cpu.cpp` (always) and `staging_cuda.cu`
-      (with ``--cuda``; the default when torch has CUDA and nvcc is found) from the
-      installed package's `csrc/` against the running interpreter's torch, with plain
-      ``c++``/``nvcc`` calls (no ninja, no Python extension module), and links
-      ``<out>/_ops.so``. The default ``<out>`` is this torch's entry in the per-user cache
-      (`hf3fsctl.ops.locate`), where `hf3fsctl.staging` looks for it.
+    * Compiles `registration.cpp`, `staging_cpu.cpp`, `one_block.cpp` (always) and
+      `staging_cuda.cu` (with ``--cuda``; the default when torch has CUDA and nvcc is
+      found) from the installed package's `csrc/` against the running interpreter's
+      torch, with plain ``c++``/``nvcc`` calls (no ninja, no Python extension module),
+      and links ``<out>/_ops.so``. The default ``<out>`` is this torch's entry in the
+      per-user cache (`hf3fsctl.ops.locate`), where `hf3fsctl.staging` looks for it.
     * A library already at the target is reused (nothing is compiled) unless ``force``.
     * CUDA code is built for the current GPU's architecture (sm_90 when no GPU is
       visible) plus its PTX for newer GPUs; ``HF3FSCTL_CUDA_ARCH`` (e.g. ``80``) overrides.
@@ -42,7 +42,7 @@ from hf3fsctl.ops import locate
 SOURCES = Path(__file__).resolve().parent / "csrc"
 LIBRARY_NAME = locate.LIBRARY_NAME
 DEFAULT_CUDA_ARCH = "90"
-CPU_SOURCES = ("registration.cpp", "staging_cpu.cpp")
+CPU_SOURCES = ("registration.cpp", "staging_cpu.cpp", "one_block.cpp")
 CUDA_SOURCE = "staging_cuda.cu"
 
 Progress = Callable[[str], None]

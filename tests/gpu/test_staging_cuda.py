@@ -1,13 +1,16 @@
 """CUDA staging kernels on vLLM-shaped KV caches: against the loop oracle, untouched
-blocks, narrow-copy geometries, host-transfer modes, and a round trip through a page file."""
+blocks, narrow-copy geometries, host-transfer modes, the 1-block path past the dispatcher
+against the op, and a round trip through a page file."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import pytest
 import torch
-from helpers.staging_builders import make_segment, page_mask, twin
+from helpers.staging_builders import GEOMETRY_FIELDS, make_segment, page_mask, twin
 
 from hf3fsctl.staging import (
     KVSegment,
@@ -231,3 +234,96 @@ def test_cache_round_trip_through_a_page_file_restores_every_byte(
     assert all(r.ok and r.checksum is not None for r in written + read)
     ids_src, ids_dst = torch.tensor(BLOCKS, device="cuda"), torch.tensor(targets, device="cuda")
     assert torch.equal(source.blocks_view()[ids_src], target.blocks_view()[ids_dst])
+
+
+# The 1-block path past the dispatcher (issue 23): every geometry above, one block, through
+# `_CompiledOps` with the op callables replaced by a refusal (so only the fast path can
+# have moved the bytes), against the op itself on the same bytes.
+def _fast_cases() -> dict[str, Callable[[], KVSegment]]:
+    cases: dict[str, Callable[[], KVSegment]] = {
+        f"flash-{layout}": partial(flash_cache, layout, seed=9) for layout in LAYOUTS
+    }
+    for (layers, blocks, page, layout, offset), name in zip(NARROW, NARROW_IDS, strict=True):
+        cases[f"narrow-{name}"] = partial(
+            make_segment, layers, blocks, page, layout, offset=offset, device="cuda", seed=9
+        )
+    for (layers, page, layout, offset), name in zip(ONE_BLOCK, ONE_BLOCK_IDS, strict=True):
+        cases[f"one-block-{name}"] = partial(
+            make_segment, layers, 6, page, layout, offset=offset, device="cuda", seed=9
+        )
+    return cases
+
+
+FAST_CASES = _fast_cases()
+
+
+def _op_geometry(seg: KVSegment) -> list[int]:
+    return [seg.offset, seg.layer_stride, seg.block_stride, seg.num_layers, seg.num_blocks,
+            seg.page_size, 0]  # fmt: skip
+
+
+def _fast_only(cuda_ops: _CompiledOps) -> _CompiledOps:
+    """Compiled ops of their own (fresh plans) whose op calls fail the test."""
+
+    def refused(*_args: object) -> None:
+        raise AssertionError("a 1-block call reached the op")
+
+    ops = _CompiledOps(cuda_ops.devices)
+    ops._gather_op = ops._scatter_op = refused
+    return ops
+
+
+@pytest.mark.parametrize("side_stream", [False, True], ids=["current-stream", "side-stream"])
+@pytest.mark.parametrize("case", list(FAST_CASES), ids=list(FAST_CASES))
+def test_one_block_fast_path_moves_the_ops_bytes(
+    cuda_ops: _CompiledOps, case: str, side_stream: bool
+) -> None:
+    """Gather and scatter of one block past the dispatcher write exactly what the op writes,
+    ordered on the current stream: the stream first sleeps, then changes the cache, so a
+    copy issued anywhere else would read (gather) or be overwritten by (scatter) stale bytes."""
+    seg = FAST_CASES[case]()
+    by_op = KVSegment(seg.buffer.clone(), *[getattr(seg, f) for f in GEOMETRY_FIELDS])
+    ops = _fast_only(cuda_ops)
+    assert ops._plan([seg]).one_block is not None  # the fast path serves this geometry
+    block, geometry = seg.num_blocks - 2, _op_geometry(seg)
+    gathered_by_op = torch.full((1, seg.page_bytes), 0xA5, dtype=torch.uint8).pin_memory()
+    gathered = torch.full_like(gathered_by_op, 0x5A).pin_memory()
+    src = torch.randint(0, 256, gathered.shape, dtype=torch.uint8).pin_memory()
+    torch.cuda.synchronize()
+    stream = torch.cuda.Stream() if side_stream else torch.cuda.current_stream()
+    with torch.cuda.stream(stream):
+        for cache in (seg, by_op):
+            torch.cuda._sleep(20_000_000)  # type: ignore[no-untyped-call]
+            cache.buffer.add_(1)
+        torch.ops.hf3fsctl.gather_pages(by_op.buffer, gathered_by_op, [block], geometry)
+        ops.gather([seg], [block], gathered)
+        torch.cuda._sleep(20_000_000)  # type: ignore[no-untyped-call]
+        for cache in (seg, by_op):
+            cache.buffer.add_(3)
+        torch.ops.hf3fsctl.scatter_pages(by_op.buffer, src, [block], geometry)
+        ops.scatter([seg], [block], src)
+    stream.synchronize()
+    expected = torch.empty_like(gathered)
+    gather_blocks_reference([twin(by_op)], [block], expected)  # scattered: src's bytes
+    assert torch.equal(gathered, gathered_by_op)
+    assert torch.equal(seg.buffer, by_op.buffer)
+    assert torch.equal(expected, src)
+
+
+@pytest.mark.parametrize("direction", ["gather", "scatter"])
+def test_a_bad_block_id_raises_the_ops_exception_past_the_dispatcher(
+    cuda_ops: _CompiledOps, direction: str
+) -> None:
+    seg = make_segment(32, 6, 16384, "layer_outer", device="cuda")
+    before = seg.buffer.clone()
+    ops = _CompiledOps(cuda_ops.devices)
+    table = torch.zeros(1, seg.page_bytes, dtype=torch.uint8).pin_memory()
+    op = getattr(torch.ops.hf3fsctl, f"{direction}_pages")
+    for bad in (seg.num_blocks, -1, 1 << 40):
+        with pytest.raises(IndexError) as by_op:
+            op(seg.buffer, table, [bad], _op_geometry(seg))
+        with pytest.raises(IndexError) as fast:
+            getattr(ops, direction)([seg], [bad], table)
+        assert str(fast.value) == str(by_op.value)
+    torch.cuda.synchronize()
+    assert ops._plan([seg]).one_block is not None and torch.equal(seg.buffer, before)

@@ -12,7 +12,7 @@ namespace {
 void copy_pages_cpu(uint8_t* cache, uint8_t* table, const int64_t* ids, const PageGeometry& g,
                     bool to_table) {
   // About 1 MiB of pages per task: large enough to amortise the task, small enough to share.
-  const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 20) / g.page_size);
+  const int64_t grain = std::max<int64_t>(1, kCpuTaskBytes / g.page_size);
   at::parallel_for(0, g.rows * g.num_layers, grain, [&](int64_t begin, int64_t end) {
     for (int64_t p = begin; p < end; ++p) {
       const int64_t row = p / g.num_layers;

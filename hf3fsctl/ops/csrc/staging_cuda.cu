@@ -17,6 +17,8 @@
 // one-block copy also takes pageable memory (synchronously); the kernel path raises
 // NotImplementedError for it, and hf3fsctl.staging takes the torch path instead.
 // Copies are 16 bytes wide when every address, stride and size allows, else 8/4/2/1.
+// The 1-block path past the dispatcher (one_block.cpp) issues the same one-row copy
+// (issue_one_row) through the CUDA half installed at the end of this file.
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -143,16 +145,6 @@ int64_t chunk_bytes() {
   return parsed >= 256 ? static_cast<int64_t>(parsed) / 256 * 256 : kDefaultChunkBytes;
 }
 
-// Layers back to back inside a block are one contiguous page (block-outermost layouts).
-PageGeometry merge_contiguous_layers(PageGeometry g) {
-  if (g.num_layers > 1 && g.layer_stride == g.page_size) {
-    g.page_size *= g.num_layers;
-    g.num_layers = 1;
-    g.layer_stride = 0;
-  }
-  return g;
-}
-
 template <typename vec_t, typename Ids, bool kToTable>
 void launch(uint8_t* cache, uint8_t* table, const Ids& ids, const PageGeometry& g) {
   const int64_t vecs = g.page_size / static_cast<int64_t>(sizeof(vec_t));
@@ -184,27 +176,39 @@ void launch_widest(uint8_t* cache, uint8_t* table, const Ids& ids, const PageGeo
   }
 }
 
-// One row: the block's pages as one 2-D copy on the copy engine. False when the runtime
-// refuses the pitch (a layer stride past its limit): the caller launches the kernel.
+// One row's copy on the copy engine, as the op and the 1-block path (one_block.cpp) both
+// issue it: the block's pages as one 2-D copy (pitch: the layer stride), or one flat copy
+// when its layers are one range (block-outermost, merged). `table` is the row's first byte.
 template <bool kToTable>
-bool copy_one_row(uint8_t* cache, uint8_t* table, int64_t block, const PageGeometry& g) {
+cudaError_t issue_one_row(uint8_t* cache, uint8_t* table, int64_t block, const PageGeometry& g,
+                          cudaStream_t stream) {
   uint8_t* cache_page = cache + g.offset + block * g.block_stride;
   uint8_t* table_page = table + g.column;
   const size_t width = static_cast<size_t>(g.page_size);
-  const size_t cache_pitch = g.num_layers > 1 ? static_cast<size_t>(g.layer_stride) : width;
-  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  if (g.num_layers == 1) {  // one contiguous range (block-outermost, merged): a plain copy
-    C10_CUDA_CHECK(kToTable
-                       ? cudaMemcpyAsync(table_page, cache_page, width, cudaMemcpyDefault, stream)
-                       : cudaMemcpyAsync(cache_page, table_page, width, cudaMemcpyDefault, stream));
-    return true;
+  if (g.num_layers == 1) {
+    return kToTable ? cudaMemcpyAsync(table_page, cache_page, width, cudaMemcpyDefault, stream)
+                    : cudaMemcpyAsync(cache_page, table_page, width, cudaMemcpyDefault, stream);
   }
-  const cudaError_t err =
-      kToTable ? cudaMemcpy2DAsync(table_page, width, cache_page, cache_pitch, width,
-                                   static_cast<size_t>(g.num_layers), cudaMemcpyDefault, stream)
-               : cudaMemcpy2DAsync(cache_page, cache_pitch, table_page, width, width,
-                                   static_cast<size_t>(g.num_layers), cudaMemcpyDefault, stream);
-  if (err == cudaErrorInvalidPitchValue || err == cudaErrorInvalidValue) {
+  const size_t cache_pitch = static_cast<size_t>(g.layer_stride);
+  const size_t rows = static_cast<size_t>(g.num_layers);
+  return kToTable ? cudaMemcpy2DAsync(table_page, width, cache_page, cache_pitch, width, rows,
+                                      cudaMemcpyDefault, stream)
+                  : cudaMemcpy2DAsync(cache_page, cache_pitch, table_page, width, width, rows,
+                                      cudaMemcpyDefault, stream);
+}
+
+// A pitch the runtime refuses (a layer stride past its limit): not an error of the copy.
+bool refused_pitch(cudaError_t err) {
+  return err == cudaErrorInvalidPitchValue || err == cudaErrorInvalidValue;
+}
+
+// One row: the copy engine. False when the runtime refuses the pitch: the caller launches
+// the kernel.
+template <bool kToTable>
+bool copy_one_row(uint8_t* cache, uint8_t* table, int64_t block, const PageGeometry& g) {
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  const cudaError_t err = issue_one_row<kToTable>(cache, table, block, g, stream);
+  if (err != cudaSuccess && g.num_layers > 1 && refused_pitch(err)) {
     (void)cudaGetLastError();
     return false;
   }
@@ -254,6 +258,45 @@ void scatter_pages_cuda(at::Tensor& cache, const at::Tensor& src, c10::IntArrayR
   const PageGeometry g = check_pages(cache, src, block_ids, geometry);
   copy_pages<false>(cache, src, block_ids, g);
 }
+
+// The 1-block path's CUDA half (one_block.cpp): a registered segment's layers must fit the
+// 2-D copy's pitch limit (else the op's kernel serves it).
+bool one_block_accepts(const OneBlockSegment& segment) noexcept {
+  if (segment.g.num_layers == 1) return true;
+  int max_pitch = 0;
+  if (cudaDeviceGetAttribute(&max_pitch, cudaDevAttrMaxPitch, segment.device_index) !=
+      cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  return segment.g.layer_stride <= static_cast<int64_t>(max_pitch);
+}
+
+// The op's 1-block copy without the dispatcher: same device guard, same current stream,
+// same copy calls (issue_one_row). A runtime error is cleared and reported as a refusal,
+// so the caller's op call meets it afresh and raises as the op does.
+int one_block_copy(const OneBlockSegment& segment, int64_t block, uint8_t* table,
+                   bool to_table) noexcept {
+  try {
+    const auto device = static_cast<c10::DeviceIndex>(segment.device_index);
+    const c10::cuda::CUDAGuard guard(device);
+    const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device);
+    const cudaError_t err =
+        to_table ? issue_one_row<true>(segment.cache, table, block, segment.g, stream)
+                 : issue_one_row<false>(segment.cache, table, block, segment.g, stream);
+    if (err == cudaSuccess) return kOneBlockDone;
+    (void)cudaGetLastError();
+    return kOneBlockRefused;
+  } catch (...) {
+    return kOneBlockFailed;
+  }
+}
+
+// Installs the CUDA half when the library is loaded (before any Python call can reach it).
+struct InstallOneBlockCuda {
+  InstallOneBlockCuda() { install_one_block_cuda(OneBlockCuda{&one_block_accepts, &one_block_copy}); }
+};
+const InstallOneBlockCuda install_at_load;
 
 }  // namespace
 }  // namespace hf3fsctl

@@ -44,6 +44,48 @@ struct PageGeometry {
   int64_t row_stride; // bytes between table rows
 };
 
+// Layers back to back inside a block are one contiguous page (block-outermost layouts):
+// one range per block instead of num_layers small ones. The CUDA op and the 1-block path
+// (one_block.cpp) both move pages in this merged form.
+inline PageGeometry merge_contiguous_layers(PageGeometry g) {
+  if (g.num_layers > 1 && g.layer_stride == g.page_size) {
+    g.page_size *= g.num_layers;
+    g.num_layers = 1;
+    g.layer_stride = 0;
+  }
+  return g;
+}
+
+// One segment registered for the 1-block path (one_block.cpp): a handle stands for it, so a
+// 1-block call passes no geometry and runs no check but the block id's range.
+struct OneBlockSegment {
+  uint8_t* cache;    // the cache's first byte (the segment's buffer, offset not applied)
+  int device_index;  // the CUDA device; -1 for a CPU cache
+  PageGeometry g;    // merged (merge_contiguous_layers); one row
+};
+
+// What the 1-block C entry points return. Anything but kOneBlockDone moved nothing, and
+// tells the caller to take the op path instead, which then raises the op's own exception
+// (or, for a pitch the copy engine refuses, launches the kernel).
+enum OneBlockStatus : int {
+  kOneBlockDone = 0,
+  kOneBlockRefused = 1,  // unknown handle, block id out of range, the runtime refused the copy
+  kOneBlockFailed = 2,   // a C++ exception (none may cross the C boundary)
+};
+
+// The CUDA half of the 1-block path, installed by staging_cuda.cu when it is loaded (a
+// CPU-only build has none, and registers CPU segments only). Neither function throws.
+struct OneBlockCuda {
+  bool (*accepts)(const OneBlockSegment& segment) noexcept;  // e.g. the 2-D copy's pitch limit
+  int (*copy)(const OneBlockSegment& segment, int64_t block, uint8_t* table,
+              bool to_table) noexcept;
+};
+void install_one_block_cuda(OneBlockCuda cuda) noexcept;
+
+// Bytes of pages per task of the CPU op's parallel loop: a call of fewer runs serially in the
+// calling thread (staging_cpu.cpp), as the 1-block path's CPU copy always does.
+constexpr int64_t kCpuTaskBytes = int64_t{1} << 20;
+
 // Raises IndexError unless every one of the block ids is in [0, num_blocks).
 inline void check_block_ids(c10::IntArrayRef ids, int64_t num_blocks) {
   for (const int64_t id : ids) {
