@@ -1,4 +1,5 @@
-"""The compiled CPU staging ops (csrc/) against the loop oracle, and their dispatch.
+"""The compiled CPU staging ops (csrc/) against the loop oracle, their dispatch, and the
+1-block path past the dispatcher against the op.
 
 The session builds the CPU op once (~12 s on 2 cores) unless a library is already loaded.
 """
@@ -21,6 +22,7 @@ from helpers.staging_builders import (
 from hf3fsctl.staging import (
     KVSegment,
     _CompiledOps,
+    _one_block_entry_points,
     gather_blocks_reference,
     scatter_blocks_reference,
     total_page_bytes,
@@ -187,3 +189,94 @@ def test_a_call_plan_keeps_no_cache_alive_and_follows_a_new_segment(
     out = torch.zeros_like(expected)
     compiled.gather([other], [5, 2], out)
     assert gone() is None and torch.equal(out, expected)
+
+
+# The 1-block path past the dispatcher (csrc/one_block.cpp, through ctypes): on a CPU cache
+# too, where the CPU op would copy a block serially anyway.
+def _fast_only(compiled: _CompiledOps) -> _CompiledOps:
+    """Compiled ops of their own (fresh plans) whose op calls fail the test."""
+
+    def refused(*_args: object) -> None:
+        raise AssertionError("a 1-block call reached the op")
+
+    ops = _CompiledOps(compiled.devices)
+    ops._gather_op = ops._scatter_op = refused
+    return ops
+
+
+@pytest.mark.parametrize("geometry", GEOMETRIES, ids=GEOMETRY_IDS)
+def test_one_block_past_the_dispatcher_moves_the_ops_bytes(
+    compiled: _CompiledOps, geometry: tuple[int, int, int, str, int]
+) -> None:
+    *shape, layout, offset = geometry
+    seg = make_segment(*shape, layout, offset=offset, seed=5)
+    by_op, ops = twin(seg), _fast_only(compiled)
+    assert ops._plan([seg]).one_block is not None
+    block = seg.num_blocks - 1
+    gathered, gathered_by_op = (
+        torch.full((1, seg.page_bytes), v, dtype=torch.uint8) for v in (0, 255)
+    )
+    ops.gather([seg], [block], gathered)
+    _gather_op(by_op, [block], gathered_by_op)
+    src = torch.randint(0, 256, gathered.shape, dtype=torch.uint8)
+    ops.scatter([seg], [block], src)
+    geometry_arg = [seg.offset, seg.layer_stride, seg.block_stride, seg.num_layers,
+                    seg.num_blocks, seg.page_size, 0]  # fmt: skip
+    torch.ops.hf3fsctl.scatter_pages(by_op.buffer, src, [block], geometry_arg)
+    assert torch.equal(gathered, gathered_by_op) and torch.equal(seg.buffer, by_op.buffer)
+
+
+def test_one_block_of_two_segments_fills_their_columns(compiled: _CompiledOps) -> None:
+    segments = [make_segment(2, 8, 40, "layer_outer", offset=5), make_segment(3, 8, 24, "padded")]
+    ops = _fast_only(compiled)
+    expected = torch.empty(1, total_page_bytes(segments), dtype=torch.uint8)
+    gather_blocks_reference(segments, [6], expected)
+    out = torch.full_like(expected, 0xAB)
+    ops.gather(segments, [6], out)
+    assert torch.equal(out, expected)
+
+
+@pytest.mark.parametrize("direction", ["gather", "scatter"])
+def test_a_bad_block_id_raises_the_ops_exception_past_the_dispatcher(
+    compiled: _CompiledOps, direction: str
+) -> None:
+    seg = make_segment(2, 8, 32, "layer_outer")
+    before, ops = seg.buffer.clone(), _CompiledOps(compiled.devices)
+    table = torch.zeros(1, seg.page_bytes, dtype=torch.uint8)
+    op = getattr(torch.ops.hf3fsctl, f"{direction}_pages")
+    geometry = [0, seg.layer_stride, seg.block_stride, 2, 8, 32, 0]
+    for bad in (8, -1, 1 << 40):
+        with pytest.raises(IndexError) as by_op:
+            op(seg.buffer, table, [bad], geometry)
+        with pytest.raises(IndexError) as fast:
+            getattr(ops, direction)([seg], [bad], table)
+        assert str(fast.value) == str(by_op.value)
+    assert ops._plan([seg]).one_block is not None and torch.equal(seg.buffer, before)
+
+
+def test_a_plan_releases_its_handles_when_it_goes(compiled: _CompiledOps) -> None:
+    entry = _one_block_entry_points()
+    assert entry is not None
+    ops = _CompiledOps(compiled.devices)
+    gc.collect()  # earlier tests' plans, still to be collected, release theirs first
+    in_use = entry.handles_in_use()
+    segments = [make_segment(2, 8, 32, "layer_outer"), make_segment(1, 8, 16, "block_outer")]
+    ops.gather(segments, [3], torch.empty(1, total_page_bytes(segments), dtype=torch.uint8))
+    assert entry.handles_in_use() == in_use + 2
+    del ops
+    gc.collect()
+    assert entry.handles_in_use() == in_use
+
+
+def test_blocks_the_cpu_op_would_share_out_and_bounce_transfer_keep_the_op(
+    compiled: _CompiledOps,
+) -> None:
+    large = make_segment(32, 2, 65536, "layer_outer")  # 2 MiB a block: two CPU op tasks
+    small = make_segment(2, 8, 32, "layer_outer")
+    assert _CompiledOps(compiled.devices)._plan([large]).one_block is None
+    assert _CompiledOps(compiled.devices, "bounce")._plan([small]).one_block is None
+    expected = torch.empty(1, large.page_bytes, dtype=torch.uint8)
+    gather_blocks_reference([large], [1], expected)
+    out = torch.zeros_like(expected)
+    compiled.gather([large], [1], out)
+    assert torch.equal(out, expected)
