@@ -9,12 +9,7 @@ from pathlib import Path
 from helpers.meta_builders import keys, register, store_keys
 
 from hf3fsctl.meta.sqlite import MetadataStore
-from hf3fsctl.meta.sqlite.database import (
-    CACHE_KIB,
-    LOOKUP_CACHE_DIVISOR,
-    LOOKUP_CACHE_MAX_KIB,
-    lookup_cache_for,
-)
+from hf3fsctl.meta.sqlite.database import CACHE_KIB
 
 
 def _pragmas(store: MetadataStore) -> tuple[int, int]:
@@ -45,25 +40,13 @@ def test_knobs_reach_the_lookup_connection_only(tmp_path: Path) -> None:
         store.close()
 
 
-def test_default_cache_follows_the_file(tmp_path: Path) -> None:
+def test_defaults_are_every_connections(tmp_path: Path) -> None:
     store = MetadataStore(tmp_path / "m.db")
     try:
         ns = register(store)
         store_keys(store, ns, keys(4))
         assert store.lookup(ns, keys(4)) == 4
-        expected = lookup_cache_for(store.path)
-        assert expected == CACHE_KIB  # a small file: the store's own cache, RSS as before
-        assert _pragmas(store) == (-expected, 0)  # mmap off unless asked
+        assert _pragmas(store) == (-CACHE_KIB, 0)  # 2 MiB, no mmap: measured best at 10^7
+        assert store.lookup_tuning() == {"cache_kib": CACHE_KIB, "mmap_bytes": 0}
     finally:
         store.close()
-
-
-def test_lookup_cache_for_bounds(tmp_path: Path) -> None:
-    db = tmp_path / "sparse.db"
-    with db.open("wb") as f:
-        f.truncate(LOOKUP_CACHE_DIVISOR * 10 * 1024 * 1024)  # 10 MiB of cache
-    assert lookup_cache_for(str(db)) == 10 * 1024
-    with db.open("wb") as f:
-        f.truncate(LOOKUP_CACHE_DIVISOR * LOOKUP_CACHE_MAX_KIB * 1024 * 2)
-    assert lookup_cache_for(str(db)) == LOOKUP_CACHE_MAX_KIB
-    assert lookup_cache_for(str(tmp_path / "missing.db")) == CACHE_KIB

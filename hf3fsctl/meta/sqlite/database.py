@@ -51,27 +51,14 @@ _FLUSH_INTERVAL_S = 1.0
 CACHE_KIB = 2048
 
 # The connection that answers lookups (the thread that calls `lookup`: a server's event
-# loop, an embedded process's scheduler) is tuned on its first lookup (`_lookup_read`):
-# each key is one probe of `key_lru` at a random place, and at 10^7 entries the B-tree's
-# inner pages (~0.5% of the file) no longer fit 2 MiB, so every probe re-read one more
-# page than at 10^5 (issue 21). Its cache is `lookup_cache_kib`; None sizes it from the
-# file (`lookup_cache_for`, again every LOOKUP_RETUNE_S): 1/64 of it, at least CACHE_KIB and at most
-# LOOKUP_CACHE_MAX_KIB, so a small store's RSS is as before and a large one's inner
-# pages stay cached. `mmap_bytes` (PRAGMA mmap_size, default 0: off) lets the lookup
-# connection read the file's first `mmap_bytes` through a mapping instead of pread.
-LOOKUP_CACHE_DIVISOR = 64
-LOOKUP_CACHE_MAX_KIB = 256 * 1024
+# loop, an embedded process's scheduler) can be tuned apart from the others on its first
+# lookup (`_lookup_read`): `lookup_cache_kib` (its page cache) and `mmap_bytes` (PRAGMA
+# mmap_size). Both default to what every connection has (2 MiB, no mmap): at 10^7
+# entries neither a larger cache (32 MiB to 128 MiB) nor mmap made a 1,000-key lookup
+# cheaper (issue 21; docs/design.md, "Lookups at 10^7"). mmap is safe only where the file
+# cannot fail or shrink under the mapping (a local disk): an I/O error on a mapped page is
+# SIGBUS, not an error SQLite can report.
 MMAP_BYTES = 0
-LOOKUP_RETUNE_S = 30.0  # how often a lookup connection's cache follows the file's size
-
-
-def lookup_cache_for(path: str) -> int:
-    """The lookup connection's page cache (KiB) for the database at `path` as it is now."""
-    try:
-        size = os.path.getsize(path)
-    except OSError:
-        return CACHE_KIB
-    return max(CACHE_KIB, min(LOOKUP_CACHE_MAX_KIB, size // LOOKUP_CACHE_DIVISOR // 1024))
 
 
 def _wal_pages(path: str) -> int:
@@ -185,12 +172,12 @@ class SqliteDatabase:
         durable: bool,
         background_checkpoint: bool,
         read_only: bool,
-        lookup_cache_kib: int | None = None,
+        lookup_cache_kib: int = CACHE_KIB,
         mmap_bytes: int = MMAP_BYTES,
     ) -> None:
         """Open (create) the database at `self.path` and check its format."""
         self.busy_timeout_s = float(busy_timeout_s)
-        self.lookup_cache_kib = None if lookup_cache_kib is None else int(lookup_cache_kib)
+        self.lookup_cache_kib = int(lookup_cache_kib)
         self.mmap_bytes = int(mmap_bytes)
         self.durable = durable
         self.background_checkpoint = background_checkpoint
@@ -381,30 +368,16 @@ class SqliteDatabase:
     def _lookup_read(self) -> Iterator[sqlite3.Connection]:
         """`_read` on this thread's connection, tuned for lookups on its first one."""
         conn = self._conn()
-        now = time.monotonic()
-        if now >= getattr(self._local, "lookup_retune_at", 0.0):
-            self._tune_lookup(conn)
-            self._local.lookup_retune_at = now + LOOKUP_RETUNE_S
+        if not getattr(self._local, "lookup_tuned", False):
+            conn.execute(f"PRAGMA cache_size = -{self.lookup_cache_kib}")
+            conn.execute(f"PRAGMA mmap_size = {self.mmap_bytes}")
+            self._local.lookup_tuned = True
         with self._read() as tuned:
             yield tuned
 
-    def _tune_lookup(self, conn: sqlite3.Connection) -> None:
-        """Size `conn`'s page cache for lookups (from the file as it is now, unless fixed)."""
-        kib = self.lookup_cache_kib
-        if kib is None:
-            kib = lookup_cache_for(self.path)
-        if kib != getattr(self._local, "lookup_cache", None):
-            conn.execute(f"PRAGMA cache_size = -{kib}")
-            conn.execute(f"PRAGMA mmap_size = {self.mmap_bytes}")
-            self._local.lookup_cache = kib
-
     def lookup_tuning(self) -> dict[str, int]:
-        """What the lookup connection uses now: `cache_kib` and `mmap_bytes` (for reports)."""
-        kib = self.lookup_cache_kib
-        return {
-            "cache_kib": lookup_cache_for(self.path) if kib is None else kib,
-            "mmap_bytes": self.mmap_bytes,
-        }
+        """What the lookup connection uses: `cache_kib` and `mmap_bytes` (for reports)."""
+        return {"cache_kib": self.lookup_cache_kib, "mmap_bytes": self.mmap_bytes}
 
     def _flush_counters(self, conn: sqlite3.Connection) -> None:
         _write_counts(conn, self._pending.take())

@@ -68,7 +68,7 @@ from hf3fsctl.meta.policy import StorePolicy
 from hf3fsctl.meta.sqlite import admission, namespaces, pins, schema
 from hf3fsctl.meta.sqlite import capacity as room
 from hf3fsctl.meta.sqlite.committed_index import leading_hits, prune_changes, read_changes
-from hf3fsctl.meta.sqlite.database import MMAP_BYTES, SqliteDatabase
+from hf3fsctl.meta.sqlite.database import CACHE_KIB, MMAP_BYTES, SqliteDatabase
 from hf3fsctl.meta.sqlite.eviction import (
     drop_expired,
     evict_entries,
@@ -146,7 +146,7 @@ class MetadataStore(SqliteDatabase, StoreCore):
             no writer lock, no schema or capacity written, every write refused with
             `StorageError`; on a read-only file system the file is opened immutable.
         lookup_cache_kib: the SQLite page cache of the connection that answers lookups
-            (`database.py`); None: 1/64 of the file at open, 2 MiB to 256 MiB.
+            (`database.py`; default the 2 MiB of every connection).
         mmap_bytes: `PRAGMA mmap_size` of that connection (0: pread only). Only where the
             file cannot shrink or fail under the mapping (a local disk): an I/O error on
             a mapped page is SIGBUS, not an error SQLite can report.
@@ -165,7 +165,7 @@ class MetadataStore(SqliteDatabase, StoreCore):
         background_checkpoint: bool = False,
         policy: StorePolicy | None = None,
         read_only: bool = False,
-        lookup_cache_kib: int | None = None,
+        lookup_cache_kib: int = CACHE_KIB,
         mmap_bytes: int = MMAP_BYTES,
     ) -> None:
         self.path = str(path)
