@@ -33,9 +33,7 @@ JSON document (`benchmark: "metadata-scale"`):
   after the fill less before, ÷ N); `in-tree` — its RSS before/after the fill), and
   `in_tree` (ratios to the in-tree cells of the same N: `lookups`, `saved_keys`
   = ours ÷ its rate; `cpu_lookup`, `cpu_save` = its CPU per call ÷ ours; None when it
-  did not run); `embedded` and `serve` add `lookup_connection` (`cache_kib`,
-  `mmap_bytes`: what the store's lookup connection uses on that file;
-  `other_connections_cache_kib`);
+  did not run);
 - `rate_ratios[]`, one per mode: `smallest`, `largest` (N), `saved_keys_per_s_ratio`
   and `lookups_per_s_ratio` (smallest N's rate ÷ largest N's), `goal` (1.5), `met`,
   and `marginal_bytes_per_entry`: what the process holds (`memory.held_bytes`: serve

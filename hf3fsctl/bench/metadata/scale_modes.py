@@ -79,18 +79,6 @@ def empty_serve_rss(directory: Path, run_id: str, workers: int) -> int:
         return server.rss()
 
 
-def lookup_connection(db: Path) -> dict[str, Any]:
-    """What the SQLite store's lookup connection of `db` uses (the store's defaults, as
-    the bench opens it: `meta/sqlite/database.py`), for the row of a SQLite mode."""
-    from hf3fsctl.meta.sqlite.database import CACHE_KIB, MMAP_BYTES
-
-    return {
-        "cache_kib": CACHE_KIB,
-        "mmap_bytes": MMAP_BYTES,
-        "other_connections_cache_kib": CACHE_KIB,
-    }
-
-
 def measure_cells(
     mode: str,
     spec: StoreSpec,
@@ -160,7 +148,6 @@ def measure_embedded(
         "embedded", copy, entries, settings, tag, say, keys_after=lambda: store_keys(copy)
     )
     figures["fill"] = fill
-    figures["lookup_connection"] = lookup_connection(copy_db)
     figures["memory"] = {
         "bytes_per_entry": max(0, probe["after"] - probe["before"]) / entries,
         "method": "a fresh embedded client process's RSS before/after its first lookup, ÷ N",
@@ -193,7 +180,6 @@ def measure_serve(
         end_rss = server.rss()
     figures["save"].update(eviction_figures(figures["save"], entries, store_keys(spec)))
     figures["fill"] = fill
-    figures["lookup_connection"] = lookup_connection(db)
     reference = baseline if baseline is not None else started_rss
     figures["memory"] = {
         "bytes_per_entry": max(0, end_rss - reference) / entries,

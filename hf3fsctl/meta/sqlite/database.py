@@ -50,16 +50,6 @@ _FLUSH_INTERVAL_S = 1.0
 # --scale --mode serve --ops full_1ns`: 2,555 keys/s vs 2,160; issue 21).
 CACHE_KIB = 2048
 
-# The connection that answers lookups (the thread that calls `lookup`: a server's event
-# loop, an embedded process's scheduler) can be tuned apart from the others on its first
-# lookup (`_lookup_read`): `lookup_cache_kib` (its page cache) and `mmap_bytes` (PRAGMA
-# mmap_size). Both default to what every connection has (2 MiB, no mmap): at 10^7
-# entries neither a larger cache (32 MiB to 128 MiB) nor mmap made a 1,000-key lookup
-# cheaper (issue 21; docs/design.md, "Lookups at 10^7"). mmap is safe only where the file
-# cannot fail or shrink under the mapping (a local disk): an I/O error on a mapped page is
-# SIGBUS, not an error SQLite can report.
-MMAP_BYTES = 0
-
 
 def _wal_pages(path: str) -> int:
     """WAL pages between checkpoints: 8192 (32 MiB, fewer checkpoints), but 256 (1 MiB)
@@ -166,19 +156,10 @@ class SqliteDatabase:
     path: str
 
     def _open_database(
-        self,
-        *,
-        busy_timeout_s: float,
-        durable: bool,
-        background_checkpoint: bool,
-        read_only: bool,
-        lookup_cache_kib: int = CACHE_KIB,
-        mmap_bytes: int = MMAP_BYTES,
+        self, *, busy_timeout_s: float, durable: bool, background_checkpoint: bool, read_only: bool
     ) -> None:
         """Open (create) the database at `self.path` and check its format."""
         self.busy_timeout_s = float(busy_timeout_s)
-        self.lookup_cache_kib = int(lookup_cache_kib)
-        self.mmap_bytes = int(mmap_bytes)
         self.durable = durable
         self.background_checkpoint = background_checkpoint
         self._local = threading.local()
@@ -363,21 +344,6 @@ class SqliteDatabase:
                 yield conn
             finally:
                 conn.execute("COMMIT")
-
-    @contextmanager
-    def _lookup_read(self) -> Iterator[sqlite3.Connection]:
-        """`_read` on this thread's connection, tuned for lookups on its first one."""
-        conn = self._conn()
-        if not getattr(self._local, "lookup_tuned", False):
-            conn.execute(f"PRAGMA cache_size = -{self.lookup_cache_kib}")
-            conn.execute(f"PRAGMA mmap_size = {self.mmap_bytes}")
-            self._local.lookup_tuned = True
-        with self._read() as tuned:
-            yield tuned
-
-    def lookup_tuning(self) -> dict[str, int]:
-        """What the lookup connection uses: `cache_kib` and `mmap_bytes` (for reports)."""
-        return {"cache_kib": self.lookup_cache_kib, "mmap_bytes": self.mmap_bytes}
 
     def _flush_counters(self, conn: sqlite3.Connection) -> None:
         _write_counts(conn, self._pending.take())

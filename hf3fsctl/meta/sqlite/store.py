@@ -68,7 +68,7 @@ from hf3fsctl.meta.policy import StorePolicy
 from hf3fsctl.meta.sqlite import admission, namespaces, pins, schema
 from hf3fsctl.meta.sqlite import capacity as room
 from hf3fsctl.meta.sqlite.committed_index import leading_hits, prune_changes, read_changes
-from hf3fsctl.meta.sqlite.database import CACHE_KIB, MMAP_BYTES, SqliteDatabase
+from hf3fsctl.meta.sqlite.database import SqliteDatabase
 from hf3fsctl.meta.sqlite.eviction import (
     drop_expired,
     evict_entries,
@@ -145,11 +145,6 @@ class MetadataStore(SqliteDatabase, StoreCore):
         read_only: open an existing store for reading only (`stats`, `ls`, `doctor`):
             no writer lock, no schema or capacity written, every write refused with
             `StorageError`; on a read-only file system the file is opened immutable.
-        lookup_cache_kib: the SQLite page cache of the connection that answers lookups
-            (`database.py`; default the 2 MiB of every connection).
-        mmap_bytes: `PRAGMA mmap_size` of that connection (0: pread only). Only where the
-            file cannot shrink or fail under the mapping (a local disk): an I/O error on
-            a mapped page is SIGBUS, not an error SQLite can report.
     """
 
     def __init__(
@@ -165,8 +160,6 @@ class MetadataStore(SqliteDatabase, StoreCore):
         background_checkpoint: bool = False,
         policy: StorePolicy | None = None,
         read_only: bool = False,
-        lookup_cache_kib: int = CACHE_KIB,
-        mmap_bytes: int = MMAP_BYTES,
     ) -> None:
         self.path = str(path)
         self._init_core(
@@ -185,8 +178,6 @@ class MetadataStore(SqliteDatabase, StoreCore):
             durable=durable,
             background_checkpoint=background_checkpoint,
             read_only=read_only,
-            lookup_cache_kib=lookup_cache_kib,
-            mmap_bytes=mmap_bytes,
         )
         with self._read() as conn:  # False only for a read-only reader of an older store
             self._has_key_lru = schema.has_key_lru(conn)
@@ -332,7 +323,7 @@ class MetadataStore(SqliteDatabase, StoreCore):
     # --- data path ---------------------------------------------------------------------
 
     def _lookup(self, namespace: str, keys: Sequence[str]) -> int:
-        with self._lookup_read() as conn:
+        with self._read() as conn:
             num_ranks = self._ranks_of(conn, namespace)
             hits = leading_hits(
                 conn,
