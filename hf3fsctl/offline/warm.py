@@ -15,7 +15,9 @@ Two halves:
   differ from a guess). Saves are asynchronous: the engine's shutdown waits for them.
   An interrupt (SIGINT) stops between or inside a chunk: only committed, checksummed
   pages are entries (allocate → write → commit), so an interrupted warm leaves valid
-  entries and a re-run completes the rest.
+  entries and a re-run completes the rest. While the engine's shutdown drains the saves,
+  SIGINT is recorded, not raised: one arriving then (after the last chunk, or a second
+  Ctrl-C) still ends the run as interrupted, with its saves drained.
 
 With TP=1 the engine runs in this process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`): faster
 to start, and the connector's counters feed the progress bar. With TP>1 vLLM needs its
@@ -27,10 +29,14 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
+import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 from hf3fsctl.errors import InvalidRequest
@@ -430,7 +436,9 @@ def run_warm(
     except KeyboardInterrupt:
         interrupted = True
     prefill_s = time.monotonic() - prefill_started
-    llm.llm_engine.engine_core.shutdown()  # the connector drains its saves here
+    with _sigint_deferred() as late:  # a second Ctrl-C must not cut the drain short
+        llm.llm_engine.engine_core.shutdown()  # the connector drains its saves here
+    interrupted = interrupted or late.received
     after = _connector_totals()
     failures = {
         key.removeprefix("failed_"): int(after.get(key, 0) - before.get(key, 0))
@@ -463,6 +471,32 @@ def run_warm(
     if interrupted:
         raise WarmInterrupted(result)
     return result
+
+
+@dataclass
+class _LateSignal:
+    received: bool = False
+
+
+@contextmanager
+def _sigint_deferred() -> Iterator[_LateSignal]:
+    """SIGINT recorded instead of raised for the duration (main thread only; elsewhere
+    Python delivers no signals anyway): an interrupt while the engine drains its saves
+    (the last chunk done, or a first Ctrl-C already caught) would otherwise abandon
+    writes in flight and end `warm` in a traceback instead of its interrupted exit."""
+    late = _LateSignal()
+    if threading.current_thread() is not threading.main_thread():
+        yield late
+        return
+
+    def record(signum: int, frame: FrameType | None) -> None:
+        late.received = True
+
+    previous = signal.signal(signal.SIGINT, record)
+    try:
+        yield late
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _newest_namespace(client: MetadataClient, options: EngineOptions, plan: WarmPlan) -> str | None:
