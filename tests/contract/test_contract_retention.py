@@ -3,7 +3,8 @@ asked, evicted before any LRU victim, never served once expired (even while pinn
 
 Times are the store's clock (the same system clock as the test's: SQLite keeps float
 seconds, Redis milliseconds). A test measures the times around each commit, so an
-entry's expiry lies between `Expiry.earliest` and `Expiry.latest`; it sleeps just past
+entry's expiry lies between `LeaseWindow.earliest` and `.latest`
+(`helpers/lease_window.py`, as a lease's end); it sleeps just past
 the latest (no fixed sleep longer than it needs) and asserts a present entry only when
 its measured time was well before the earliest, so a slow machine skips that assertion
 instead of failing it (no tight wall-clock thresholds).
@@ -13,11 +14,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import pytest
 from contract_backends import ALL_BACKENDS, Backend
+from helpers.lease_window import MARGIN_S, LeaseWindow
 from helpers.meta_builders import (
     PAGE_BYTES,
     checksum,
@@ -36,28 +37,11 @@ from hf3fsctl.meta.protocol import MetadataClient
 
 BACKENDS = ALL_BACKENDS
 RETENTION_S = 0.4
-MARGIN_S = 0.1  # what a measured time must clear an expiry by before a test relies on it
 
 
 @pytest.fixture
 def store(backend: Backend) -> MetadataClient:
     return backend.open(high_watermark=0.8, low_watermark=0.5, lease_s=0.1)
-
-
-@dataclass(frozen=True)
-class Expiry:
-    """Bounds on when a commit's entries expire, measured around the commit."""
-
-    earliest: float  # the commit was sent, plus the retention
-    latest: float  # the commit had returned, plus the retention
-
-    def still_held(self) -> bool:
-        """Whether something asked before now was asked well within the retention."""
-        return time.time() < self.earliest - MARGIN_S
-
-    def sleep_past(self) -> None:
-        """Sleep until the entries have expired in the store's view."""
-        time.sleep(max(0.0, self.latest + MARGIN_S - time.time()))
 
 
 def commit_expiring(
@@ -67,12 +51,12 @@ def commit_expiring(
     allocated: list[Any],
     retention_s: float,
     renew_on_read: bool = False,
-) -> Expiry:
+) -> LeaseWindow:
     """Commit `allocated` on `rank` with a retention; returns the bounds on its expiry."""
     items = commit_items(allocated, retention_s, renew_on_read)
     sent = time.time()
     assert client.commit(ns, rank, items) == len(items)
-    return Expiry(sent + retention_s, time.time() + retention_s)
+    return LeaseWindow(sent + retention_s, time.time() + retention_s)
 
 
 def store_expiring(
@@ -81,7 +65,7 @@ def store_expiring(
     chain: list[str],
     retention_s: float = RETENTION_S,
     renew_on_read: bool = False,
-) -> Expiry:
+) -> LeaseWindow:
     """Allocate and commit `chain` on rank 0 with a retention; returns the bounds on its
     expiry."""
     result = client.allocate(ns, 0, chain)

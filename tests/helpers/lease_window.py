@@ -1,11 +1,12 @@
-"""Bounds on when a lease the store takes ends, measured around the call that takes it.
+"""Bounds on when a lease (or a retention) the store starts ends, measured around the call
+that starts it.
 
 A store stamps a lease with its own clock (the same system clock as the test's: SQLite
 keeps float seconds, Redis milliseconds), somewhere between the call being sent and
 its return. A test sleeps just past the latest end (no fixed sleep longer than it
 needs) and asserts "still leased" only when asked well before the earliest end, so a
-slow machine skips that assertion instead of failing it (the approach of
-`tests/contract/test_contract_retention.py`'s `Expiry`).
+slow machine skips that assertion instead of failing it. The retention tests
+(`tests/contract/test_contract_retention.py`) bound their entries' expiry the same way.
 """
 
 from __future__ import annotations
