@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers.staging_builders import GEOMETRY_FIELDS, make_segment, page_mask, twin
+from helpers.staging_builders import GEOMETRY_FIELDS, fast_path_only, make_segment, page_mask, twin
 
 from hf3fsctl.staging import (
     KVSegment,
@@ -262,17 +262,6 @@ def _op_geometry(seg: KVSegment) -> list[int]:
             seg.page_size, 0]  # fmt: skip
 
 
-def _fast_only(cuda_ops: _CompiledOps) -> _CompiledOps:
-    """Compiled ops of their own (fresh plans) whose op calls fail the test."""
-
-    def refused(*_args: object) -> None:
-        raise AssertionError("a 1-block call reached the op")
-
-    ops = _CompiledOps(cuda_ops.devices)
-    ops._gather_op = ops._scatter_op = refused
-    return ops
-
-
 @pytest.mark.parametrize("side_stream", [False, True], ids=["current-stream", "side-stream"])
 @pytest.mark.parametrize("case", list(FAST_CASES), ids=list(FAST_CASES))
 def test_one_block_fast_path_moves_the_ops_bytes(
@@ -283,7 +272,7 @@ def test_one_block_fast_path_moves_the_ops_bytes(
     copy issued anywhere else would read (gather) or be overwritten by (scatter) stale bytes."""
     seg = FAST_CASES[case]()
     by_op = KVSegment(seg.buffer.clone(), *[getattr(seg, f) for f in GEOMETRY_FIELDS])
-    ops = _fast_only(cuda_ops)
+    ops = fast_path_only(cuda_ops)
     assert ops._plan([seg]).one_block is not None  # the fast path serves this geometry
     block, geometry = seg.num_blocks - 2, _op_geometry(seg)
     gathered_by_op = torch.full((1, seg.page_bytes), 0xA5, dtype=torch.uint8).pin_memory()

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from hf3fsctl.staging import KVSegment, load_compiled_ops
+from hf3fsctl.staging import KVSegment, _CompiledOps, load_compiled_ops
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -108,3 +108,15 @@ def build_compiled_ops(out_dir: Path, *, cuda: bool) -> frozenset[str]:
         check=True,
     )
     return load_compiled_ops(out_dir / "_ops.so")
+
+
+def fast_path_only(compiled: _CompiledOps) -> _CompiledOps:
+    """Compiled ops of their own (fresh plans) whose op calls fail the test: what a 1-block
+    call moves, the path past the dispatcher (csrc/one_block.cpp) moved."""
+
+    def refused(*_args: object) -> None:
+        raise AssertionError("a 1-block call reached the op")
+
+    ops = _CompiledOps(compiled.devices)
+    ops._gather_op = ops._scatter_op = refused
+    return ops

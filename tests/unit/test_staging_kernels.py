@@ -13,6 +13,7 @@ import pytest
 import torch
 from helpers.staging_builders import (
     build_compiled_ops,
+    fast_path_only,
     make_segment,
     page_mask,
     session_ops_dir,
@@ -193,24 +194,13 @@ def test_a_call_plan_keeps_no_cache_alive_and_follows_a_new_segment(
 
 # The 1-block path past the dispatcher (csrc/one_block.cpp, through ctypes): on a CPU cache
 # too, where the CPU op would copy a block serially anyway.
-def _fast_only(compiled: _CompiledOps) -> _CompiledOps:
-    """Compiled ops of their own (fresh plans) whose op calls fail the test."""
-
-    def refused(*_args: object) -> None:
-        raise AssertionError("a 1-block call reached the op")
-
-    ops = _CompiledOps(compiled.devices)
-    ops._gather_op = ops._scatter_op = refused
-    return ops
-
-
 @pytest.mark.parametrize("geometry", GEOMETRIES, ids=GEOMETRY_IDS)
 def test_one_block_past_the_dispatcher_moves_the_ops_bytes(
     compiled: _CompiledOps, geometry: tuple[int, int, int, str, int]
 ) -> None:
     *shape, layout, offset = geometry
     seg = make_segment(*shape, layout, offset=offset, seed=5)
-    by_op, ops = twin(seg), _fast_only(compiled)
+    by_op, ops = twin(seg), fast_path_only(compiled)
     assert ops._plan([seg]).one_block is not None
     block = seg.num_blocks - 1
     gathered, gathered_by_op = (
@@ -228,7 +218,7 @@ def test_one_block_past_the_dispatcher_moves_the_ops_bytes(
 
 def test_one_block_of_two_segments_fills_their_columns(compiled: _CompiledOps) -> None:
     segments = [make_segment(2, 8, 40, "layer_outer", offset=5), make_segment(3, 8, 24, "padded")]
-    ops = _fast_only(compiled)
+    ops = fast_path_only(compiled)
     expected = torch.empty(1, total_page_bytes(segments), dtype=torch.uint8)
     gather_blocks_reference(segments, [6], expected)
     out = torch.full_like(expected, 0xAB)
