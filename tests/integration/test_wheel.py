@@ -35,7 +35,16 @@ REPO = Path(__file__).resolve().parents[2]
 TREES = {"hf3fsctl": REPO / "hf3fsctl", "hf3fsctl_connector": REPO / "connector"}
 NOT_SHIPPED = ("__pycache__", ".so", ".pyc", ".partial")
 PIP = [sys.executable, "-m", "pip", "--no-input", "--disable-pip-version-check"]
-CSRC = ("registration.cpp", "staging_cpu.cpp", "staging_cuda.cu", "staging_ops.h")
+# The ops' sources as the repository holds them (every one must ship), and the files the
+# build cannot do without, so an empty or moved directory fails too.
+CSRC = tuple(
+    sorted(
+        p.name
+        for p in (REPO / "hf3fsctl" / "ops" / "csrc").iterdir()
+        if p.suffix in {".cpp", ".cu", ".h"}
+    )
+)
+assert {"registration.cpp", "staging_cpu.cpp", "staging_cuda.cu", "staging_ops.h"} <= set(CSRC)
 
 
 @dataclass(frozen=True)
