@@ -53,11 +53,11 @@ import logging
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast
+from typing import TYPE_CHECKING, Protocol, TypeVar, cast
 
 from hf3fsctl.errors import Hf3fsctlError, InvalidRequest, MetadataUnavailable, StorageError
-from hf3fsctl.meta.models import Allocation, CommitItem, Location, PageLocation
-from hf3fsctl.meta.protocol import LocatesPages
+from hf3fsctl.meta.models import Allocation, CommitItem, Location, PageGrant, PageLocation
+from hf3fsctl.meta.protocol import LocatesPages, SavesPages
 from hf3fsctl.storage.engine import (
     ERROR_CHECKSUM,
     ERROR_SHORT,
@@ -389,7 +389,7 @@ class Tier:
             return SaveOutcome([])
         try:
             result = self._call(
-                lambda c: c.allocate(self.namespace, self.rank, list(keys), first_depth)
+                lambda c: _allocate(c, self.namespace, self.rank, keys, first_depth)
             )
         except MetadataUnavailable:
             return SaveOutcome([METADATA_DOWN] * len(keys))
@@ -401,76 +401,70 @@ class Tier:
         outcome = SaveOutcome([])
         if result.allocated:
             row_of = {key: row for row, key in enumerate(keys)}
-            buffers = [pages[row_of[a.key]] for a in result.allocated]
-            terms = {"retention_s": retention_s, "renew_on_read": renew_on_read}
-            self._store(list(result.allocated), buffers, kind_of, outcome, terms)
+            buffers = [pages[row_of[key]] for key, _ in result.allocated]
+            self._store(result.allocated, buffers, kind_of, outcome, (retention_s, renew_on_read))
         outcome.kinds = [kind_of.get(key, ERROR) for key in keys]
         return outcome
 
     def _store(
         self,
-        allocated: list[Allocation],
+        allocated: list[tuple[str, int]],
         buffers: list[Buffer],
         kind_of: dict[str, str],
         outcome: SaveOutcome,
-        terms: dict[str, Any],
+        terms: tuple[float | None, bool],
     ) -> None:
-        """Claim, write and commit `allocated` (each `CommitItem` with `terms`: retention);
-        release what this writer still holds on failure."""
+        """Claim, write and commit `allocated` ((key, page) pairs) with `terms` (retention,
+        renew on read); release what this writer still holds on failure."""
         held = allocated  # allocations not yet released
         done = False
         try:
+            pages = [page for _, page in allocated]
             try:
-                self.page_file.reserve([a.page for a in allocated])
+                self.page_file.reserve(pages)
             except StorageError as exc:
                 kind = NO_SPACE if exc.errno in _NO_SPACE_ERRNOS else IO
-                kind_of.update(dict.fromkeys((a.key for a in allocated), kind))
+                kind_of.update(dict.fromkeys((key for key, _ in allocated), kind))
                 outcome.storage_failure = StorageFailure(kind, len(allocated), exc.message)
                 return
-            results = self.engine.write_pages(
-                self.page_file, [a.page for a in allocated], buffers, checksums=True
-            )
-            items: list[CommitItem] = []
-            failed: list[Allocation] = []
-            for allocation, written in zip(allocated, results, strict=True):
-                if written.ok and written.checksum:
-                    items.append(
-                        CommitItem(
-                            key=allocation.key,
-                            page=allocation.page,
-                            checksum=written.checksum,
-                            size=self.page_bytes,
-                            **terms,
-                        )
-                    )
+            results = self.engine.write_pages(self.page_file, pages, buffers, checksums=True)
+            written: list[tuple[str, int, str]] = []  # (key, page, checksum)
+            failed: list[tuple[str, int]] = []
+            for (key, page), result in zip(allocated, results, strict=True):
+                if result.ok and result.checksum:
+                    written.append((key, page, result.checksum))
                 else:
-                    failed.append(allocation)
+                    failed.append((key, page))
             if failed:
                 detail = next((r.detail for r in results if not r.ok), None) or "write failed"
                 kind = NO_SPACE if any(r.no_space for r in results) else IO
-                kind_of.update(dict.fromkeys((a.key for a in failed), kind))
+                kind_of.update(dict.fromkeys((key for key, _ in failed), kind))
                 outcome.storage_failure = StorageFailure(kind, len(failed), detail)
                 self._release(failed)
-                failed_keys = {a.key for a in failed}
-                held = [a for a in allocated if a.key not in failed_keys]
-            if items:
-                outcome.committed = self._call(lambda c: c.commit(self.namespace, self.rank, items))
-                kind_of.update(dict.fromkeys((item.key for item in items), SAVED))
+                failed_keys = {key for key, _ in failed}
+                held = [a for a in allocated if a[0] not in failed_keys]
+            if written:
+                size = self.page_bytes
+                outcome.committed = self._call(
+                    lambda c: _commit(c, self.namespace, self.rank, written, size, *terms)
+                )
+                kind_of.update(dict.fromkeys((key for key, _, _ in written), SAVED))
                 outcome.storage_worked = not failed
             done = True
         except Hf3fsctlError as exc:
             logger.warning("saving %d pages of %s failed: %s", len(held), self._where(), exc)
             kind = METADATA_DOWN if isinstance(exc, MetadataUnavailable) else ERROR
-            kind_of.update(dict.fromkeys((a.key for a in held), kind))
+            kind_of.update(dict.fromkeys((key for key, _ in held), kind))
         finally:
             if not done:
                 self._release(held)
 
-    def _release(self, allocations: list[Allocation]) -> None:
+    def _release(self, allocations: list[tuple[str, int]]) -> None:
         if not allocations:
             return
         try:
-            self._release_call(lambda c: c.release(self.namespace, self.rank, allocations))
+            models = [Allocation(key=key, page=page) for key, page in allocations]
+            self._release_call(lambda c: c.release(self.namespace, self.rank, models))
         except Exception as exc:  # best effort: the store reclaims abandoned pending pages
             logger.warning("could not release %d allocations: %s", len(allocations), exc)
 
@@ -592,6 +586,53 @@ class Tier:
         return f"namespace {self.namespace} rank {self.rank}"
 
 
+def _saves_pages(client: DataPath) -> bool:
+    """Whether `client` is a `SavesPages` (checked once per client class)."""
+    kind = type(client)
+    offers = _SAVES_PAGES.get(kind)
+    if offers is None:
+        offers = _SAVES_PAGES[kind] = isinstance(client, SavesPages)
+    return offers
+
+
+def _allocate(
+    client: DataPath, namespace: str, rank: int, keys: Sequence[str], first_depth: int
+) -> PageGrant:
+    """`allocate`, as tuples where the store offers them (`SavesPages`: no model per page)."""
+    if _saves_pages(client):
+        return cast(SavesPages, client).allocate_pages(namespace, rank, keys, first_depth)
+    result = client.allocate(namespace, rank, list(keys), first_depth)
+    return PageGrant([(a.key, a.page) for a in result.allocated], result.existing, result.no_space)
+
+
+def _commit(
+    client: DataPath,
+    namespace: str,
+    rank: int,
+    pages: list[tuple[str, int, str]],
+    size: int,
+    retention_s: float | None,
+    renew_on_read: bool,
+) -> int:
+    """`commit` of `(key, page, checksum)` pages, as tuples where the store offers it."""
+    if _saves_pages(client):
+        return cast(SavesPages, client).commit_pages(
+            namespace, rank, pages, size, retention_s, renew_on_read
+        )
+    items = [
+        CommitItem(
+            key=key,
+            page=page,
+            checksum=checksum,
+            size=size,
+            retention_s=retention_s,
+            renew_on_read=renew_on_read,
+        )
+        for key, page, checksum in pages
+    ]
+    return client.commit(namespace, rank, items)
+
+
 def _offers_pages(client: DataPath) -> bool:
     """Whether `client` is a `LocatesPages` (a protocol check costs microseconds, the
     first one of a process ~0.3 ms: once per client class)."""
@@ -618,3 +659,5 @@ def _prepare_locate(client: DataPath, namespace: str, rank: int) -> None:
 
 # Whether each client class offers `locate_pages` (its methods are the class's).
 _LOCATES_PAGES: dict[type, bool] = {}
+# … and `allocate_pages` / `commit_pages`.
+_SAVES_PAGES: dict[type, bool] = {}

@@ -404,6 +404,19 @@ class StoreCore:
         being given back (this call's marks, or another writer's) asks again once that
         space is settled.
         """
+        allocated, existing, no_space = self._allocate_keys(namespace, rank, keys, first_depth)
+        return _ALLOCATE_RESULT.validate_python(
+            {
+                "allocated": [{"key": key, "page": page} for key, page in allocated],
+                "existing": existing,
+                "no_space": no_space,
+            }
+        )
+
+    def _allocate_keys(
+        self, namespace: str, rank: int, keys: Sequence[str], first_depth: int
+    ) -> tuple[list[tuple[str, int]], list[str], list[str]]:
+        """`allocate`'s checks and loop: ([(key, page)] granted, existing, no space)."""
         require_keys(keys)
         check_namespace_id(namespace)
         if first_depth < 0:
@@ -432,13 +445,7 @@ class StoreCore:
                     break
                 time.sleep(SETTLE_WAIT_S)
             wanted = no_space
-        return _ALLOCATE_RESULT.validate_python(
-            {
-                "allocated": [{"key": key, "page": page} for key, page in allocated],
-                "existing": existing,
-                "no_space": no_space,
-            }
-        )
+        return allocated, existing, no_space
 
     def commit(self, namespace: str, rank: int, items: Sequence[CommitItem]) -> int:
         """Pending → committed for the exact (key, page) pairs; returns how many.

@@ -148,6 +148,17 @@ class PageLocation(NamedTuple):
         return Location(key=self.key, page=self.page, checksum=self.checksum, size=self.size)
 
 
+class PageGrant(NamedTuple):
+    """An `AllocateResult` as an embedded store hands it to `Tier` (`SavesPages`): the
+    same lists, the allocations as `(key, page)` tuples, without validation (a save
+    allocates tens of pages beside the forward; a pydantic model is ~1 µs each). Never
+    a request or response body: the HTTP shape stays `AllocateResult`."""
+
+    allocated: list[tuple[str, int]]
+    existing: list[str]
+    no_space: list[str]
+
+
 class Allocation(_Model):
     """A page handed to a writer for a key; pending until committed or released."""
 

@@ -63,9 +63,11 @@ Every implementation raises the same typed errors (`hf3fsctl.errors`):
 Capabilities only some implementations have are optional protocols, checked with
 `isinstance`, never probed with `getattr`: `SelfChecking` (`check_invariants`),
 `Replicated` (`replication`, Redis), `LocatesPages` (`locate_pages`, SQLite: `locate`
-as tuples, for the engine thread). A store that `hf3fsctl serve` can front is a
-`Store`: it also says whether its `lookup` does I/O (`lookup_does_io`: the server then
-runs lookups off its event loop) and flushes its counters (`flush`).
+as tuples, for the engine thread), `SavesPages` (`allocate_pages`, `commit_pages`,
+SQLite: `allocate` and `commit` as tuples, for the save threads). A store that
+`hf3fsctl serve` can front is a `Store`: it also says whether its `lookup` does I/O
+(`lookup_does_io`: the server then runs lookups off its event loop) and flushes its
+counters (`flush`).
 """
 
 from __future__ import annotations
@@ -86,6 +88,7 @@ from hf3fsctl.meta.models import (
     InvalidateItem,
     Location,
     NamespaceInfo,
+    PageGrant,
     PageLocation,
     PinInfo,
     PinResult,
@@ -255,6 +258,32 @@ class LocatesPages(Protocol):
     def prepare_locate_pages(self, namespace: str, rank: int) -> None:
         """Pay the first `locate_pages`' one-time costs now (statements compiled),
         changing nothing a reader sees."""
+        ...
+
+
+@runtime_checkable
+class SavesPages(Protocol):
+    """A store that can allocate and commit with plain tuples: the SQLite store, in
+    process, where `Tier.save` runs on save threads that share the cores with the
+    forward. Same contract as `allocate` and `commit` (checks, transactions, what is
+    stored); only the argument and result types differ."""
+
+    def allocate_pages(
+        self, namespace: str, rank: int, keys: Sequence[str], first_depth: int = 0
+    ) -> PageGrant:
+        """`allocate`, as a `PageGrant`."""
+        ...
+
+    def commit_pages(
+        self,
+        namespace: str,
+        rank: int,
+        pages: Sequence[tuple[str, int, str]],
+        size: int,
+        retention_s: float | None = None,
+        renew_on_read: bool = False,
+    ) -> int:
+        """`commit` of `(key, page, checksum)` pages of `size` bytes with one retention."""
         ...
 
 

@@ -143,6 +143,28 @@ def test_saved_pages_load_back_byte_for_byte(st: Store) -> None:
     assert all(np.array_equal(r, page(k)) for r, k in zip(rows, chain, strict=True))
 
 
+class ModelsOnly:
+    """The store through the data path's model calls only (as HTTP and Redis clients)."""
+
+    def __init__(self, store: MetadataStore) -> None:
+        self.allocate, self.commit, self.release = store.allocate, store.commit, store.release
+        self.locate = store.locate
+
+
+def test_a_store_without_the_tuple_calls_saves_the_same_entries(st: Store) -> None:
+    chain = keys(4)
+    st.tier().save(chain[:1], rows_of(chain[:1]), 0)  # through `SavesPages`
+    proxy = ModelsOnly(st.store)
+    saved = st.tier(call=lambda fn: fn(proxy)).save(chain, rows_of(chain), 0, retention_s=60.0)
+    assert (saved.kinds, saved.committed) == ([EXISTING] + [SAVED] * 3, 3)
+    rows = empty_rows(4)
+    assert st.tier().load(chain, StagingRows(rows)).kinds == [LOADED] * 4
+    assert all(np.array_equal(r, page(k)) for r, k in zip(rows, chain, strict=True))
+    expiring = [e.key for e in st.store.list_entries(st.ns) if e.expires_at is not None]
+    assert sorted(expiring) == sorted(chain[1:])
+    assert st.sound() == []
+
+
 def test_keys_already_stored_are_skipped(st: Store) -> None:
     chain = keys(3)
     st.tier().save(chain[:2], rows_of(chain[:2]), 0)
@@ -228,6 +250,8 @@ class CommitFails:
 
     def commit(self, *args: Any) -> int:
         raise MetadataUnavailable("service went away")
+
+    commit_pages = commit  # the same call as the embedded store's tuples (`SavesPages`)
 
 
 def test_a_failed_commit_releases_every_page(st: Store) -> None:

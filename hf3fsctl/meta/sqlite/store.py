@@ -43,11 +43,12 @@ from typing import Any, TypeVar
 
 from pydantic import TypeAdapter
 
-from hf3fsctl.errors import MetadataUnavailable, NotFound
+from hf3fsctl.errors import InvalidRequest, MetadataUnavailable, NotFound
 from hf3fsctl.keys import check_namespace_id
-from hf3fsctl.meta.base import Attempt, StoreCore, require_keys
+from hf3fsctl.meta.base import Attempt, StoreCore, check_retention, require_keys
 from hf3fsctl.meta.giveback import GiveBack
 from hf3fsctl.meta.models import (
+    INT_MAX,
     Allocation,
     ChangeLog,
     CommitItem,
@@ -57,6 +58,7 @@ from hf3fsctl.meta.models import (
     EvictResult,
     Location,
     NamespaceInfo,
+    PageGrant,
     PageLocation,
     PinInfo,
     PinResult,
@@ -504,10 +506,71 @@ class MetadataStore(SqliteDatabase, StoreCore):
             allocated.extend((key, page) for key, (page, _) in zip(granted, pages, strict=False))
         return allocated, existing, new_keys[len(pages) :], marked
 
+    def allocate_pages(
+        self, namespace: str, rank: int, keys: Sequence[str], first_depth: int = 0
+    ) -> PageGrant:
+        """`allocate` as tuples (`SavesPages`): the same checks and transactions, without a
+        model per page (what `Tier.save` calls on the save threads)."""
+        return PageGrant(*self._allocate_keys(namespace, rank, keys, first_depth))
+
+    def commit_pages(
+        self,
+        namespace: str,
+        rank: int,
+        pages: Sequence[tuple[str, int, str]],
+        size: int,
+        retention_s: float | None = None,
+        renew_on_read: bool = False,
+    ) -> int:
+        """`commit` as tuples (`SavesPages`): `(key, page, checksum)` per written page,
+        all of `size` bytes and the same retention; the checks `CommitItem` makes of the
+        stored fields, without a model per page."""
+        if not pages:
+            return 0
+        check_namespace_id(namespace)
+        if retention_s is not None:
+            check_retention(retention_s)
+        if type(size) is not int or not 0 <= size <= INT_MAX:
+            raise InvalidRequest(f"size must be an integer in 0..{INT_MAX}, got {size!r}")
+        for _, _, checksum in pages:
+            if type(checksum) is not str or not 0 < len(checksum) <= 64:
+                raise InvalidRequest(f"a checksum is 1..64 characters, got {checksum!r}")
+        if retention_s is None:
+            return self._commit_rows(namespace, rank, [(*p, size) for p in pages], [])
+        renew = retention_s if renew_on_read else None
+        return self._commit_rows(
+            namespace, rank, [], [(*p, size, float(retention_s), renew) for p in pages]
+        )
+
     def _commit(self, namespace: str, rank: int, items: Sequence[CommitItem]) -> int:
+        return self._commit_rows(
+            namespace,
+            rank,
+            [(i.key, i.page, i.checksum, i.size) for i in items if i.retention_s is None],
+            [
+                (
+                    i.key,
+                    i.page,
+                    i.checksum,
+                    i.size,
+                    float(i.retention_s),
+                    i.retention_s if i.renew_on_read else None,
+                )
+                for i in items
+                if i.retention_s is not None
+            ],
+        )
+
+    def _commit_rows(
+        self,
+        namespace: str,
+        rank: int,
+        plain: Sequence[tuple[str, int, str, int]],
+        expiring: Sequence[tuple[str, int, str, int, float, float | None]],
+    ) -> int:
+        """One commit transaction: `plain` rows are (key, page, checksum, size),
+        `expiring` ones add (retention_s, renew_s or None)."""
         now = time.time()
-        plain = [item for item in items if item.retention_s is None]
-        expiring = [item for item in items if item.retention_s is not None]
         committed = 0
         with self._write() as conn:
             self._rank_file(conn, namespace, rank)
@@ -517,8 +580,8 @@ class MetadataStore(SqliteDatabase, StoreCore):
                     " last_access = ? WHERE namespace = ? AND rank = ? AND page = ?"
                     " AND key = ? AND state = 0",
                     [
-                        (item.checksum, item.size, now, namespace, rank, item.page, item.key)
-                        for item in plain
+                        (checksum, size, now, namespace, rank, page, key)
+                        for key, page, checksum, size in plain
                     ],
                 ).rowcount
             if expiring:
@@ -527,21 +590,13 @@ class MetadataStore(SqliteDatabase, StoreCore):
                     " last_access = ?, expires_at = ?, renew_s = ? WHERE namespace = ?"
                     " AND rank = ? AND page = ? AND key = ? AND state = 0",
                     [
-                        (
-                            item.checksum,
-                            item.size,
-                            now,
-                            now + float(item.retention_s or 0),
-                            item.retention_s if item.renew_on_read else None,
-                            namespace,
-                            rank,
-                            item.page,
-                            item.key,
-                        )
-                        for item in expiring
+                        (checksum, size, now, now + retention, renew, namespace, rank, page, key)
+                        for key, page, checksum, size, retention, renew in expiring
                     ],
                 ).rowcount
-            admission.forget_committed(conn, namespace, [item.key for item in items])
+            admission.forget_committed(
+                conn, namespace, [row[0] for row in plain] + [row[0] for row in expiring]
+            )
             self._commits += 1
             if self._commits % 512 == 0:
                 prune_changes(conn)
