@@ -23,8 +23,18 @@ side (`StatsRecorder.step`): the scheduler's step ends with `build_connector_met
 holds that step's matching and planning, and the previous step's output and events);
 the worker's with `get_kv_connector_stats`, its calls after the forward timed as one span
 from `get_transfer_results` on. The clock costs ~0.7 µs a read here: 2 reads a worker
-step with nothing to load or save, 2 per call on the scheduler side (4 in a step with
-nothing to plan); calls with nothing to do return before reading it.
+step with nothing to load or save, 2 per call on the scheduler side (2 in a step with
+nothing to plan: `update_connector_output` with nothing reported returns before reading
+it); calls with nothing to do return before reading it.
+
+Idle steps (docs/design.md "Idle steps, in the engine"): what vLLM calls every step is
+cache-cold after a forward pass, so each Python call and object costs microseconds. A
+step with nothing to do takes the shortest path: `has_connector_metadata` answers False
+(the connector has no per-layer work, so vLLM's attention wrapper skips
+`wait_for_layer_load` and `save_kv_layer` on every layer), `bind_connector_metadata`
+opens the save gate only after a step that saved, the scheduler hands out one shared
+empty metadata (`scheduler.NO_WORK`), and an idle `get_transfer_results` answers a
+shared empty result and lets `get_block_ids_with_load_errors` skip its calls.
 """
 
 from __future__ import annotations
@@ -32,7 +42,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 from time import thread_time_ns
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 import torch
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
@@ -44,6 +54,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 )
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
+from hf3fsctl.health import LEVELS
 from hf3fsctl.kv_groups import GroupPlan
 
 from .group_workers import GroupWorkers
@@ -77,6 +88,14 @@ logger = logging.getLogger(__name__)
 # The step metadata is a plain dataclass (the worker side imports no vLLM); vLLM's base
 # class is an ABC with no behaviour, so registering it is all the subclassing it needs.
 KVConnectorMetadata.register(Hf3fsctlConnectorMetadata)
+
+# What an idle worker step reports (nothing finished or failed): one shared object, whose
+# fields vLLM only reads (None, not sets: nothing to add to by mistake).
+_NO_TRANSFERS = KVConnectorTransferResults(
+    finished_sending=None,  # type: ignore[arg-type]
+    finished_recving=None,  # type: ignore[arg-type]
+    failed_recving=None,  # type: ignore[arg-type]
+)
 
 
 def _adopt_vllm_logging() -> None:
@@ -118,11 +137,15 @@ class Hf3fsctlConnector(KVConnectorBase_V1, SupportsHMA):
         # worker's open span began (0: none open).
         self._step_ns = 0
         self._span_from = 0
-        # Step samples kept here and recorded in batches (`_keep_step`): one list append
-        # per step instead of the recorder's locks and histogram (cache-cold after a
+        # Step samples kept here and recorded every `STEP_SHIP_SAMPLES` steps (and when
+        # `process_totals` or `shutdown` asks, `flush_steps`): one list append per step instead of the recorder's locks and histogram (cache-cold after a
         # forward pass, that costs tens of µs).
         self._steps: list[int] = []
         hold_steps(self)
+        # This step's `get_transfer_results` found nothing in flight, so there are no
+        # load errors either (reset by `get_block_ids_with_load_errors`).
+        self._idle_step = False
+        self._saved = False  # a step gathered saves: the next bind opens their gate
         self.scheduler_side: SchedulerSide | None = None
         self.worker_side: WorkerSide | None = None  # the first group's
         self.workers: GroupWorkers | None = None
@@ -174,6 +197,11 @@ class Hf3fsctlConnector(KVConnectorBase_V1, SupportsHMA):
                 )
             self.workers = GroupWorkers(sides)
             self.worker_side = self.workers.primary
+            # One call to ask whether anything can have ended, and the health to report
+            # (one group: its side's; several: `GroupWorkers` merges them).
+            hybrid = self.workers.hybrid
+            self._nothing_ended = self.workers.idle if hybrid else self.worker_side.idle
+            self._health = None if hybrid else self.worker_side.health
 
     @property
     def requires_kv_delivery(self) -> bool:
@@ -208,13 +236,19 @@ class Hf3fsctlConnector(KVConnectorBase_V1, SupportsHMA):
     def bind_connector_metadata(self, connector_metadata: KVConnectorMetadata) -> None:
         """A worker step begins: the last step's saves may start (`WorkerSide.step_began`)."""
         self._connector_metadata = connector_metadata  # what the base class does
-        if self.workers is not None:
-            self.workers.step_began()
+        if self._saved:  # (only a step that gathered saves closes their gate)
+            self._saved = False
+            self._worker.step_began()
+
+    def has_connector_metadata(self) -> bool:
+        """False: no per-layer work, so vLLM's attention wrapper (`maybe_transfer_kv_layer`,
+        its only caller) skips `wait_for_layer_load` and `save_kv_layer` on every layer."""
+        return False
 
     def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
-        meta = self._meta()
-        if not meta.loads:  # most steps: nothing to time
+        if not getattr(self._connector_metadata, "loads", None):  # most steps: not timed
             return
+        meta = self._meta()
         started = thread_time_ns()
         self._worker.start_load_kv(meta)
         self._step_ns += thread_time_ns() - started
@@ -232,10 +266,11 @@ class Hf3fsctlConnector(KVConnectorBase_V1, SupportsHMA):
         return
 
     def wait_for_save(self) -> None:
-        meta = self._meta()
-        if not meta.saves:
+        if not getattr(self._connector_metadata, "saves", None):  # most steps: not timed
             return
+        meta = self._meta()
         started = thread_time_ns()
+        self._saved = True
         self._worker.wait_for_save(meta)
         self._step_ns += thread_time_ns() - started
 
@@ -251,38 +286,45 @@ class Hf3fsctlConnector(KVConnectorBase_V1, SupportsHMA):
         Opens the step's last timed span (closed by `get_kv_connector_stats`: vLLM calls
         `get_block_ids_with_load_errors` and it right after this)."""
         self._span_from = thread_time_ns()
-        workers = self._worker
-        if workers.idle(finished_req_ids):
-            return KVConnectorTransferResults()
-        sending, recving, failed = workers.transfer_results(finished_req_ids)
+        if self._nothing_ended(finished_req_ids):
+            self._idle_step = True
+            return _NO_TRANSFERS
+        sending, recving, failed = self._worker.transfer_results(finished_req_ids)
         return KVConnectorTransferResults(
             finished_sending=sending, finished_recving=recving, failed_recving=failed
         )
 
     def get_block_ids_with_load_errors(self) -> set[int]:
+        if self._idle_step:  # nothing in flight: no load can have failed since
+            self._idle_step = False
+            return set()
         return self._worker.load_errors()
 
     def get_kv_connector_stats(self) -> KVConnectorStats | None:
         """This interval's counts; on a worker it also ends the step's connector time."""
-        if self.workers is not None:
-            data = self.stats.take(self.workers.health_level())
+        workers = self.workers
+        if workers is not None:
+            health = self._health  # one group's (None: several, the worst of them)
+            data = self.stats.take(
+                LEVELS[health.state] if health is not None else workers.health_level()
+            )
             now = thread_time_ns()
             if self._span_from:
                 self._step_ns += now - self._span_from
                 self._span_from = 0
-            self._keep_step(self._step_ns)
+            steps = self._steps  # kept; recorded in batches
+            steps.append(self._step_ns)
             self._step_ns = 0
-        else:  # not timed: take() of an idle interval is a few checks
-            data = self.stats.take(self._scheduler.health.level)
+            if len(steps) >= STEP_SHIP_SAMPLES:
+                self.flush_steps()
+        else:
+            level = LEVELS[self._scheduler.health.state]
+            if not self.stats.due(level):  # an idle interval (most steps): not timed
+                return None
+            started = thread_time_ns()
+            data = self.stats.take(level)
+            self._step_ns += thread_time_ns() - started  # the next step's sample
         return None if data is None else Hf3fsctlConnectorStats(data=data)
-
-    def _keep_step(self, ns: int) -> None:
-        """Keep one step's sample; record them every `STEP_SHIP_SAMPLES` steps (and when
-        `process_totals` or `shutdown` asks)."""
-        steps = self._steps
-        steps.append(ns)
-        if len(steps) >= STEP_SHIP_SAMPLES:
-            self.flush_steps()
 
     def flush_steps(self) -> None:
         """Record the step samples kept so far (`stats.process_totals` calls it too)."""
@@ -319,14 +361,26 @@ class Hf3fsctlConnector(KVConnectorBase_V1, SupportsHMA):
         """This step's work for the workers; ends the scheduler side's step time."""
         started = thread_time_ns()
         meta = self._scheduler.build_connector_meta(scheduler_output)
-        self._keep_step(self._step_ns + thread_time_ns() - started)
+        steps = self._steps  # kept; recorded in batches
+        steps.append(self._step_ns + thread_time_ns() - started)
         self._step_ns = 0
+        if len(steps) >= STEP_SHIP_SAMPLES:
+            self.flush_steps()
         # A registered virtual subclass (above), which mypy cannot see.
-        return cast(KVConnectorMetadata, meta)
+        return meta  # type: ignore[return-value]
 
     def update_connector_output(self, connector_output: KVConnectorOutput) -> None:
+        scheduler = self.scheduler_side
+        assert scheduler is not None, "scheduler-side method called on a worker"
+        if not (
+            connector_output.finished_recving
+            or connector_output.failed_recving
+            or connector_output.invalid_block_ids
+            or scheduler.syncing
+        ):  # nothing reported and no load to settle (most steps): not timed
+            return
         started = thread_time_ns()
-        self._scheduler.update_connector_output(connector_output)
+        scheduler.update_connector_output(connector_output)
         self._step_ns += thread_time_ns() - started
 
     def request_finished(
@@ -345,7 +399,8 @@ class Hf3fsctlConnector(KVConnectorBase_V1, SupportsHMA):
 
     def take_events(self) -> Iterable[KVCacheEvent]:
         """KV events of the shared store since the last step (connector/events.py)."""
-        if not self._scheduler.group_events:  # KV events off: nothing to take, or time
+        scheduler = self.scheduler_side
+        if scheduler is None or not scheduler.group_events:  # KV events off: not timed
             return ()
         started = thread_time_ns()
         events = self._scheduler.take_events()

@@ -93,6 +93,11 @@ NULL_BLOCK_ID = 0
 _SPEC_KINDS = {FULL: "full_attention", SLIDING: "sliding_window", MAMBA: "mamba"}
 
 
+# A step with no load to start and no save to plan: one shared metadata (workers only
+# read it), not three objects per step.
+NO_WORK = Hf3fsctlConnectorMetadata(loads=[], saves=[])
+
+
 def _runs(positions: list[int]) -> list[list[int]]:
     """`positions` (ascending) cut into runs of consecutive positions."""
     runs: list[list[int]] = []
@@ -136,7 +141,7 @@ class SchedulerSide:
         self._requests: dict[str, RequestState] = {}
         # Per-step loops visit only requests with work (docs/design.md "Fixed costs"):
         self._saved_all: set[str] = set()  # requests with nothing left to plan a save for
-        self._syncing: set[str] = set()  # requests whose synchronous load is unsettled
+        self.syncing: set[str] = set()  # requests whose synchronous load is unsettled
         self._pending_loads: list[LoadJob] = []
         self._pool = ThreadPoolExecutor(LOOKUP_THREADS, thread_name_prefix="hf3fsctl-lookup")
         # vLLM takes no block-level load errors from a model with several KV cache
@@ -449,7 +454,7 @@ class SchedulerSide:
         state.load_block_ids = [b for job in jobs for b in job.block_ids]
         state.load_failed_at, state.load_sync = None, self._sync
         if self._sync:
-            self._syncing.add(request.request_id)
+            self.syncing.add(request.request_id)
         self.stats.add(hit_blocks=count, hit_tokens=count * self.block_size)
         state.stored_upto = max(state.stored_upto, hit)
 
@@ -506,7 +511,10 @@ class SchedulerSide:
             if req_id in self._saved_all:
                 continue
             state = self._requests.get(req_id)
-            if state is None or state.hit_blocks is None or not state.saves:
+            if state is None or state.hit_blocks is None:
+                continue
+            if not state.saves:  # kv_consumer, or the request's `save: false`: never
+                self._saved_all.add(req_id)
                 continue
             request = state.request
             full = self._save_limit(request, request.num_computed_tokens + scheduled)
@@ -546,13 +554,18 @@ class SchedulerSide:
 
     def build_connector_meta(self, output: SchedulerOutput) -> Hf3fsctlConnectorMetadata:
         """Drain this step's loads and plan its saves."""
+        self._step_wait_left = self._wait_s  # a new step
+        if (
+            not (self._pending_loads or output.preempted_req_ids or output.finished_req_ids)
+            and output.num_scheduled_tokens.keys() <= self._saved_all
+        ):  # most decode steps: no per-request loop, no objects
+            return NO_WORK
         for req_id in output.preempted_req_ids or ():
             state = self._requests.get(req_id)
             if state is not None:  # its blocks are gone: ask the store again on resume
                 state.lookup, state.hit_blocks = None, None
         meta = Hf3fsctlConnectorMetadata(loads=self._pending_loads, saves=self._plan_saves(output))
         self._pending_loads = []
-        self._step_wait_left = self._wait_s  # a new step
         for req_id in output.finished_req_ids:
             self._requests.pop(req_id, None)
             self._saved_all.discard(req_id)
@@ -574,7 +587,7 @@ class SchedulerSide:
                         break
         # A synchronous load ended in the step that reported it: it is never in
         # finished_recving, so settle it here.
-        synced, self._syncing = list(self._syncing), set()
+        synced, self.syncing = list(self.syncing), set()
         for req_id in synced + list(output.finished_recving or ()):
             done = self._requests.get(req_id)
             if done is None or not done.load_block_ids:

@@ -225,6 +225,11 @@ class StatsRecorder:
             for bucket in hit:
                 _TOTALS[bucket] = _TOTALS.get(bucket, 0) + 1
 
+    def due(self, state_level: int = 0) -> bool:
+        """Whether `take(state_level)` may have something to ship (False: it returns None;
+        read unlocked, as take's own first check)."""
+        return bool(self._dirty or self._steps_waiting or state_level or self._reported_level)
+
     def take(self, state_level: int = 0) -> dict[str, Any] | None:
         """The counts since the last call (None when there were none).
 
