@@ -15,7 +15,9 @@ Contract:
       `no_space`; another storage error is `io` (either is also the outcome's
       `storage_failure`, for the caller's back-off and health); a metadata outage is
       `metadata_down`; another typed error is `error`. A save that reached the store
-      with no storage failure sets `storage_worked`.
+      with no storage failure sets `storage_worked`. `Tier.save_many(batches)`: the same
+      for several chains (a step's save jobs) in one allocate and one commit transaction
+      where the store offers `SavesPages`, an outcome per batch.
     * `Tier.load(keys, into)`: locate (a read lease) → read each found page of the
       expected size into its target, verifying its checksum → deliver the intact pages.
       One path for both targets: `StagingRows` (one buffer per key; its `deliver`
@@ -299,6 +301,17 @@ class PagePieces:
         """Nothing to do: the pages are already in place."""
 
 
+@dataclass(frozen=True)
+class SaveBatch:
+    """One chain of pages for `Tier.save_many` (a request's save job): `save`'s arguments."""
+
+    keys: Sequence[str]  # block keys, in prefix order
+    pages: Sequence[Buffer]  # one buffer of `page_bytes` per key
+    first_depth: int = 0  # chain position of keys[0]
+    retention_s: float | None = None  # the committed entries expire this long after commit
+    renew_on_read: bool = False  # a locate renews the expiry (with retention_s)
+
+
 class Tier:
     """The pages of one (namespace, rank): a page file, an I/O engine, the metadata store.
 
@@ -385,11 +398,56 @@ class Tier:
         """
         if len(keys) != len(pages):
             raise InvalidRequest(f"{len(keys)} keys, {len(pages)} pages: the lengths must match")
+        return self._save(keys, pages, first_depth, None, (retention_s, renew_on_read))
+
+    def save_many(self, batches: Sequence[SaveBatch]) -> list[SaveOutcome]:
+        """`save` of several chains (a step's save jobs), one outcome per batch as `save`
+        would give it: one allocate, one claim, one write and one commit for all of them
+        where the store offers `SavesPages` and the batches share their retention, else
+        one `save` each. A key that an earlier batch also names is `existing` in the
+        later one (as when saved one after the other); the failure of a shared step
+        (allocate, claim, commit) is every batch's.
+
+        Raises:
+            InvalidRequest: a batch's keys and pages differ in length.
+        """
+        for batch in batches:
+            if len(batch.keys) != len(batch.pages):
+                raise InvalidRequest(
+                    f"{len(batch.keys)} keys, {len(batch.pages)} pages: the lengths must match"
+                )
+        terms = {(batch.retention_s, batch.renew_on_read) for batch in batches}
+        if len(batches) < 2 or len(terms) > 1 or not self._offers_batches():
+            return [
+                self._save(b.keys, b.pages, b.first_depth, None, (b.retention_s, b.renew_on_read))
+                for b in batches
+            ]
+        keys = [key for batch in batches for key in batch.keys]
+        pages = [page for batch in batches for page in batch.pages]
+        depths = [b.first_depth + i for b in batches for i in range(len(b.keys))]
+        return _split(self._save(keys, pages, 0, depths, terms.pop()), batches)
+
+    def _offers_batches(self) -> bool:
+        """Whether the store takes several chains in one allocate (`SavesPages`)."""
+        try:
+            return self._call(_saves_pages)
+        except Hf3fsctlError:  # `save` reports the store's state per batch
+            return False
+
+    def _save(
+        self,
+        keys: Sequence[str],
+        pages: Sequence[Buffer],
+        first_depth: int,
+        depths: list[int] | None,
+        terms: tuple[float | None, bool],
+    ) -> SaveOutcome:
+        """Allocate, then `_store`; `depths` (one per key) instead of `first_depth`."""
         if not keys:
             return SaveOutcome([])
         try:
             result = self._call(
-                lambda c: _allocate(c, self.namespace, self.rank, keys, first_depth)
+                lambda c: _allocate(c, self.namespace, self.rank, keys, first_depth, depths)
             )
         except MetadataUnavailable:
             return SaveOutcome([METADATA_DOWN] * len(keys))
@@ -400,9 +458,11 @@ class Tier:
         kind_of.update(dict.fromkeys(result.no_space, NO_SPACE))
         outcome = SaveOutcome([])
         if result.allocated:
-            row_of = {key: row for row, key in enumerate(keys)}
+            row_of: dict[str, int] = {}
+            for row, key in enumerate(keys):
+                row_of.setdefault(key, row)
             buffers = [pages[row_of[key]] for key, _ in result.allocated]
-            self._store(result.allocated, buffers, kind_of, outcome, (retention_s, renew_on_read))
+            self._store(result.allocated, buffers, kind_of, outcome, terms)
         outcome.kinds = [kind_of.get(key, ERROR) for key in keys]
         return outcome
 
@@ -586,6 +646,30 @@ class Tier:
         return f"namespace {self.namespace} rank {self.rank}"
 
 
+def _split(flat: SaveOutcome, batches: Sequence[SaveBatch]) -> list[SaveOutcome]:
+    """The outcome of one `_save` of the batches' keys, told per batch."""
+    outcomes: list[SaveOutcome] = []
+    seen: set[str] = set()
+    start, committed = 0, flat.committed
+    failure = flat.storage_failure
+    for batch in batches:
+        kinds = flat.kinds[start : start + len(batch.keys)]
+        start += len(batch.keys)
+        saved: set[str] = set()
+        for i, key in enumerate(batch.keys):
+            if key in seen:
+                kinds[i] = EXISTING if kinds[i] == SAVED else kinds[i]
+            elif kinds[i] == SAVED:
+                saved.add(key)
+        seen.update(batch.keys)
+        outcome = SaveOutcome(kinds, min(len(saved), committed), None, flat.storage_worked)
+        committed -= outcome.committed
+        if failure is not None and (failed := kinds.count(failure.kind)):
+            outcome.storage_failure = StorageFailure(failure.kind, failed, failure.reason)
+        outcomes.append(outcome)
+    return outcomes
+
+
 def _saves_pages(client: DataPath) -> bool:
     """Whether `client` is a `SavesPages` (checked once per client class)."""
     kind = type(client)
@@ -596,11 +680,19 @@ def _saves_pages(client: DataPath) -> bool:
 
 
 def _allocate(
-    client: DataPath, namespace: str, rank: int, keys: Sequence[str], first_depth: int
+    client: DataPath,
+    namespace: str,
+    rank: int,
+    keys: Sequence[str],
+    first_depth: int,
+    depths: list[int] | None = None,
 ) -> PageGrant:
-    """`allocate`, as tuples where the store offers them (`SavesPages`: no model per page)."""
+    """`allocate`, as tuples where the store offers them (`SavesPages`: no model per page;
+    `depths` only there)."""
     if _saves_pages(client):
-        return cast(SavesPages, client).allocate_pages(namespace, rank, keys, first_depth)
+        return cast(SavesPages, client).allocate_pages(namespace, rank, keys, first_depth, depths)
+    if depths is not None:
+        raise InvalidRequest("allocating several chains at once needs a `SavesPages` store")
     result = client.allocate(namespace, rank, list(keys), first_depth)
     return PageGrant([(a.key, a.page) for a in result.allocated], result.existing, result.no_space)
 

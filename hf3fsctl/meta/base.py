@@ -414,16 +414,33 @@ class StoreCore:
         )
 
     def _allocate_keys(
-        self, namespace: str, rank: int, keys: Sequence[str], first_depth: int
+        self,
+        namespace: str,
+        rank: int,
+        keys: Sequence[str],
+        first_depth: int,
+        depths: Sequence[int] | None = None,
     ) -> tuple[list[tuple[str, int]], list[str], list[str]]:
-        """`allocate`'s checks and loop: ([(key, page)] granted, existing, no space)."""
+        """`allocate`'s checks and loop: ([(key, page)] granted, existing, no space).
+
+        `depths`: each key's chain position (several chains at once), instead of
+        `first_depth` + its index.
+        """
         require_keys(keys)
         check_namespace_id(namespace)
         if first_depth < 0:
             raise InvalidRequest(f"first_depth must be >= 0, got {first_depth}")
         depth_of: dict[str, int] = {}
-        for index, key in enumerate(keys):
-            depth_of.setdefault(key, first_depth + index)
+        if depths is None:
+            for index, key in enumerate(keys):
+                depth_of.setdefault(key, first_depth + index)
+        else:
+            if len(depths) != len(keys) or any(
+                type(depth) is not int or depth < 0 for depth in depths
+            ):
+                raise InvalidRequest("depths must be one integer >= 0 per key")
+            for key, depth in zip(keys, depths, strict=True):
+                depth_of.setdefault(key, depth)
         allocated: list[tuple[str, int]] = []
         existing: list[str] = []
         wanted = list(depth_of)

@@ -269,9 +269,15 @@ class SavesPages(Protocol):
     stored); only the argument and result types differ."""
 
     def allocate_pages(
-        self, namespace: str, rank: int, keys: Sequence[str], first_depth: int = 0
+        self,
+        namespace: str,
+        rank: int,
+        keys: Sequence[str],
+        first_depth: int = 0,
+        depths: Sequence[int] | None = None,
     ) -> PageGrant:
-        """`allocate`, as a `PageGrant`."""
+        """`allocate`, as a `PageGrant`; `depths` (one per key) instead of `first_depth`
+        allocates the chains of several requests in one transaction."""
         ...
 
     def commit_pages(

@@ -87,3 +87,17 @@ def test_commit_pages_refuses_what_a_commit_item_refuses(
         store.commit_pages(ns, 0, [(key, allocated[1], c) for _, _, c in pages], size, retention_s)
     assert store.locate_pages(ns, 0, [key]) == [None]  # still pending, nothing committed
     store.close()
+
+
+def test_allocate_pages_gives_each_key_its_depth(tmp_path: Path) -> None:
+    store = MetadataStore(tmp_path / "m.db")
+    ns = register(store)
+    chain = keys(3)
+    store.allocate_pages(ns, 0, [*chain, chain[0]], depths=[4, 0, 7, 9])  # first depth wins
+    with store._read() as conn:
+        depths = dict(conn.execute("SELECT key, depth FROM entries WHERE namespace = ?", (ns,)))
+    assert depths == {chain[0]: 4, chain[1]: 0, chain[2]: 7}
+    for bad in ([0, 1], [0, 1, -1], [0, 1, 2.0]):
+        with pytest.raises(InvalidRequest):
+            store.allocate_pages(ns, 0, keys(3, salt="x"), depths=bad)  # type: ignore[arg-type]
+    store.close()

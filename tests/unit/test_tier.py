@@ -42,6 +42,7 @@ from hf3fsctl.tier import (
     SIZE,
     LoadCancel,
     PagePieces,
+    SaveBatch,
     StagingRows,
     Tier,
 )
@@ -399,3 +400,92 @@ def test_a_lease_comes_from_the_tier_pool_in_page_rows(st: Store) -> None:
     assert lease is not None and tuple(lease.tensor.shape) == (3, PAGE_BYTES)
     assert tier.lease(4) is None  # the pool cannot hold a second lease of that size
     lease.release()
+
+
+# --- several chains at once (a step's save jobs) ------------------------------------
+
+
+def _batch(chain: list[str], first_depth: int = 0, **terms: Any) -> SaveBatch:
+    return SaveBatch(chain, rows_of(chain), first_depth, **terms)
+
+
+def _stored(st: Store) -> list[tuple[str, int, str | None]]:
+    """(key, depth, checksum) of every entry: what a save leaves, less pages and times."""
+    with st.store._read() as conn:
+        return conn.execute(
+            "SELECT key, depth, checksum FROM entries WHERE namespace = ? ORDER BY key",
+            (st.ns,),
+        ).fetchall()
+
+
+def test_save_many_stores_what_saves_one_by_one_store(tmp_path: Path, st: Store) -> None:
+    shared = keys(3)
+    first, second = [*shared, *keys(2, salt="a")], [*shared, *keys(2, salt="b")]
+    third = keys(2, salt="c")
+    batches = [_batch(first), _batch(second[3:], 3), _batch(third, 5)]
+    transactions: list[str] = []
+    st.store._conn().set_trace_callback(
+        lambda sql: transactions.append(sql) if sql == "BEGIN IMMEDIATE" else None
+    )
+    outcomes = st.tier().save_many(batches)
+    st.store._conn().set_trace_callback(None)
+    assert [o.kinds for o in outcomes] == [[SAVED] * 5, [SAVED] * 2, [SAVED] * 2]
+    assert [o.committed for o in outcomes] == [5, 2, 2]
+    assert all(o.storage_worked and o.storage_failure is None for o in outcomes)
+    assert len(transactions) == 2  # one allocate, one commit
+    other = MetadataStore(tmp_path / "b.db")  # the same batches saved one after the other
+    (tmp_path / "b").mkdir()
+    ns_b, files_b = register_growable(other, tmp_path / "b")
+    alone = Store(tmp_path / "b", other, ns_b, files_b[0], st.engine)
+    for batch in batches:
+        alone.tier().save(batch.keys, batch.pages, batch.first_depth)
+    assert _stored(st) == _stored(alone)
+    rows = empty_rows(len(first))
+    assert st.tier().load(first, StagingRows(rows)).kinds == [LOADED] * len(first)
+    assert all(np.array_equal(r, page(k)) for r, k in zip(rows, first, strict=True))
+    assert st.sound() == []
+    files_b[0].close()
+    other.close()
+
+
+def test_save_many_tells_a_key_an_earlier_batch_names_existing(st: Store) -> None:
+    chain = keys(3)
+    outcomes = st.tier().save_many([_batch(chain), _batch(chain[1:], 1)])
+    assert [o.kinds for o in outcomes] == [[SAVED] * 3, [EXISTING] * 2]
+    assert [o.committed for o in outcomes] == [3, 0]
+    assert (st.committed(), st.pending(), st.sound()) == (3, 0, [])
+
+
+def test_save_many_of_different_retentions_saves_batch_by_batch(st: Store) -> None:
+    a, b = keys(2, salt="a"), keys(2, salt="b")
+    outcomes = st.tier().save_many([_batch(a, retention_s=60.0), _batch(b)])
+    assert [o.kinds for o in outcomes] == [[SAVED] * 2, [SAVED] * 2]
+    expiring = {e.key for e in st.store.list_entries(st.ns) if e.expires_at is not None}
+    assert expiring == set(a)
+
+
+def test_save_many_without_the_tuple_calls_saves_batch_by_batch(st: Store) -> None:
+    proxy = ModelsOnly(st.store)
+    a, b = keys(2, salt="a"), keys(2, salt="b")
+    outcomes = st.tier(call=lambda fn: fn(proxy)).save_many([_batch(a), _batch(b, 2)])
+    assert [o.kinds for o in outcomes] == [[SAVED] * 2, [SAVED] * 2]
+    assert (st.committed(), st.pending(), st.sound()) == (4, 0, [])
+
+
+def test_a_failed_write_in_save_many_fails_its_batch_and_releases_its_page(st: Store) -> None:
+    a, b = keys(2, salt="a"), keys(2, salt="b")
+    engine = FailingWrites({3}, "disk on fire", errno.EIO)
+    outcomes = st.tier(engine=engine).save_many([_batch(a), _batch(b, 2)])
+    engine.close()
+    assert [o.kinds for o in outcomes] == [[SAVED] * 2, [SAVED, IO]]
+    assert outcomes[0].storage_failure is None
+    failure = outcomes[1].storage_failure
+    assert failure is not None and (failure.kind, failure.pages) == (IO, 1)
+    assert (st.committed(), st.pending(), st.sound()) == (3, 0, [])
+
+
+def test_a_failed_commit_in_save_many_releases_every_batch(st: Store) -> None:
+    proxy = CommitFails(st.store)
+    outcomes = st.tier(call=lambda fn: fn(proxy)).save_many([_batch(keys(2)), _batch(keys(1, 5))])
+    assert [o.kinds for o in outcomes] == [[METADATA_DOWN] * 2, [METADATA_DOWN]]
+    assert (st.committed(), st.pending(), st.sound()) == (0, 0, [])

@@ -507,11 +507,17 @@ class MetadataStore(SqliteDatabase, StoreCore):
         return allocated, existing, new_keys[len(pages) :], marked
 
     def allocate_pages(
-        self, namespace: str, rank: int, keys: Sequence[str], first_depth: int = 0
+        self,
+        namespace: str,
+        rank: int,
+        keys: Sequence[str],
+        first_depth: int = 0,
+        depths: Sequence[int] | None = None,
     ) -> PageGrant:
         """`allocate` as tuples (`SavesPages`): the same checks and transactions, without a
-        model per page (what `Tier.save` calls on the save threads)."""
-        return PageGrant(*self._allocate_keys(namespace, rank, keys, first_depth))
+        model per page (what `Tier.save` calls on the save threads). `depths` gives each
+        key its chain position (the chains of several requests in one call)."""
+        return PageGrant(*self._allocate_keys(namespace, rank, keys, first_depth, depths))
 
     def commit_pages(
         self,
