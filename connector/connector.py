@@ -22,10 +22,12 @@ thread with `time.thread_time_ns` and records one CPU-time sample per engine ste
 side (`StatsRecorder.step`): the scheduler's step ends with `build_connector_meta` (it
 holds that step's matching and planning, and the previous step's output and events);
 the worker's with `get_kv_connector_stats`, its calls after the forward timed as one span
-from `get_transfer_results` on. The clock costs ~0.7 µs a read here: 2 reads a worker
-step with nothing to load or save, 2 per call on the scheduler side (2 in a step with
-nothing to plan: `update_connector_output` with nothing reported returns before reading
-it); calls with nothing to do return before reading it.
+from the first of them (`start_load_kv`, or `get_transfer_results` in a step whose
+synchronous load ran before the forward) on. The clock costs ~0.7-2 µs a read here: 2
+reads a worker step with nothing to load or save, 2 per call on the scheduler side (2 in
+a step with nothing to plan); scheduler calls with nothing to do (`update_connector_output`
+with nothing reported, `get_kv_connector_stats` with nothing to take, `take_events` with
+KV events off) return before reading it.
 
 Idle steps (docs/design.md "Idle steps, in the engine"): what vLLM calls every step is
 cache-cold after a forward pass, so each Python call and object costs microseconds. A
@@ -246,12 +248,18 @@ class Hf3fsctlConnector(KVConnectorBase_V1, SupportsHMA):
         return False
 
     def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
-        if not getattr(self._connector_metadata, "loads", None):  # most steps: not timed
+        """Start this step's loads. With a synchronous load vLLM calls it before the
+        forward (timed alone); otherwise after it, and the step's last timed span opens
+        here (`get_kv_connector_stats` closes it)."""
+        loads = getattr(self._connector_metadata, "loads", None)
+        if loads and any(job.sync for job in loads):  # before the forward
+            started = thread_time_ns()
+            self._worker.start_load_kv(self._meta())
+            self._step_ns += thread_time_ns() - started
             return
-        meta = self._meta()
-        started = thread_time_ns()
-        self._worker.start_load_kv(meta)
-        self._step_ns += thread_time_ns() - started
+        self._span_from = thread_time_ns()
+        if loads:
+            self._worker.start_load_kv(self._meta())
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         return
@@ -266,12 +274,16 @@ class Hf3fsctlConnector(KVConnectorBase_V1, SupportsHMA):
         return
 
     def wait_for_save(self) -> None:
-        if not getattr(self._connector_metadata, "saves", None):  # most steps: not timed
+        """Gather this step's saves (inside the step's last span when it is open; timed
+        alone when vLLM calls it outside, after a draft model's forward)."""
+        if not getattr(self._connector_metadata, "saves", None):  # most steps
             return
-        meta = self._meta()
-        started = thread_time_ns()
         self._saved = True
-        self._worker.wait_for_save(meta)
+        if self._span_from:
+            self._worker.wait_for_save(self._meta())
+            return
+        started = thread_time_ns()
+        self._worker.wait_for_save(self._meta())
         self._step_ns += thread_time_ns() - started
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
@@ -283,9 +295,11 @@ class Hf3fsctlConnector(KVConnectorBase_V1, SupportsHMA):
     def get_transfer_results(self, finished_req_ids: set[str]) -> KVConnectorTransferResults:
         """Finished saves and loads; with several groups, failed loads as requests.
 
-        Opens the step's last timed span (closed by `get_kv_connector_stats`: vLLM calls
-        `get_block_ids_with_load_errors` and it right after this)."""
-        self._span_from = thread_time_ns()
+        Inside the step's last timed span (opened here unless `start_load_kv` opened it;
+        closed by `get_kv_connector_stats`: vLLM calls `get_block_ids_with_load_errors`
+        and it right after this)."""
+        if not self._span_from:
+            self._span_from = thread_time_ns()
         if self._nothing_ended(finished_req_ids):
             self._idle_step = True
             return _NO_TRANSFERS

@@ -527,6 +527,8 @@ class SchedulerSide:
                     self._saved_all.add(req_id)
                 continue
             state.stored_upto = full
+            if not decode and full >= cap:  # its last prompt block: never visited again
+                self._saved_all.add(req_id)
             if not saving:
                 self.stats.add(save_dropped=full - start)
                 continue
