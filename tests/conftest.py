@@ -4,7 +4,7 @@ tiny model every directory's tests share."""
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import pytest
@@ -44,18 +44,65 @@ def _engine_zygote(
         os.environ.pop(CLI_ZYGOTE_ENV, None)
         yield
         return
+    _pin_import_time_env()
     directory = tmp_path_factory.mktemp("zygote")
     started = {
         ZYGOTE_ENV: Zygote.start(directory / "engine.sock", child_env()),
         CLI_ZYGOTE_ENV: Zygote.start(directory / "cli.sock", cli_env()),
     }
     os.environ.update({name: str(zygote.path) for name, zygote in started.items()})
+    _SESSION_IMPORT_ENV.update(_import_time(os.environ))
     try:
         yield
     finally:
+        _SESSION_IMPORT_ENV.clear()
         for name, zygote in started.items():
             os.environ.pop(name, None)
             zygote.stop()
+
+
+# The import-time variables (`zygote.IMPORT_TIME_PREFIXES`) as the session's zygotes were
+# started with them; empty when no zygote runs.
+_SESSION_IMPORT_ENV: dict[str, str] = {}
+
+
+def _import_time(env: Mapping[str, str]) -> dict[str, str]:
+    from hf3fsctl.vllm_tools.zygote import IMPORT_TIME_PREFIXES
+
+    return {k: v for k, v in env.items() if k.startswith(IMPORT_TIME_PREFIXES)}
+
+
+def _pin_import_time_env() -> None:
+    """Set, before the zygotes start, what importing torch's compiler sets in this process.
+
+    `import torch._dynamo` (transformers imports it: any tokenizer or config loaded in
+    process) sets TORCHINDUCTOR_CACHE_DIR in `os.environ`, to torch's default. From then
+    on every engine run's environment differed from the zygotes' in an import-time
+    variable, so `zygote.eligible` refused it and it started fresh (`python -m`, ~10-15 s
+    of vLLM import): found 2026-12-03, a reliability run after `make_prompts`. Set to that
+    same default now, the later import changes nothing (torch keeps an absolute value).
+    """
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+    cache_dir()  # sets os.environ["TORCHINDUCTOR_CACHE_DIR"] exactly as the import would
+
+
+@pytest.fixture(autouse=True)
+def _import_time_env_as_the_zygotes_have_it() -> None:
+    """Before each test, put back import-time variables that code run in this process
+    (an in-process vLLM config sets VLLM_WORKER_MULTIPROC_METHOD, for one) added or
+    changed since the zygotes started: a later engine run then still matches them and is
+    forked. A test's own `monkeypatch.setenv` comes after this and is undone by it."""
+    if not _SESSION_IMPORT_ENV:
+        return
+    for name, value in _import_time(os.environ).items():
+        if _SESSION_IMPORT_ENV.get(name) != value:
+            if name in _SESSION_IMPORT_ENV:
+                os.environ[name] = _SESSION_IMPORT_ENV[name]
+            else:
+                del os.environ[name]
+    for name, value in _SESSION_IMPORT_ENV.items():
+        os.environ.setdefault(name, value)
 
 
 @pytest.fixture(scope="session")
