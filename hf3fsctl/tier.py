@@ -621,9 +621,11 @@ class Tier:
         """Pay the first `load`'s one-time costs of the store now, off the request path
         (issue 23): where it offers `locate_pages`, its statements are compiled on the
         calling thread's connection (the thread that will load) and the client's class
-        is checked against the protocol. Nothing a reader sees changes. Best effort.
+        is checked against the protocols (`LocatesPages`, and `SavesPages` for the first
+        save). Nothing a reader sees changes. Best effort.
         """
         try:
+            self._call(_saves_pages)
             self._call(lambda c: _prepare_locate(c, self.namespace, self.rank))
         except Exception as exc:  # the first load pays instead
             logger.debug("warming the loads of %s up failed: %s", self._where(), exc)
