@@ -20,9 +20,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import select
-import signal
-import socket
 import sqlite3
 import subprocess
 import sys
@@ -31,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from helpers.cli_runner import run_hf3fsctl
+from helpers.forked_child import ForkedChild, fork_if_eligible
 
 from hf3fsctl.vllm_tools import zygote
 from hf3fsctl.vllm_tools.runner import (
@@ -171,74 +169,6 @@ def make_store(
 # --- engines the test controls -----------------------------------------------------
 
 
-class ForkedChild:
-    """A child of the session's engine zygote, driven as `subprocess.Popen` is: `pid`,
-    `poll`, `wait`, `kill`, `returncode` (the status as `subprocess` gives it, -N when
-    killed by signal N). The zygote reaps it and sends its status on our connection."""
-
-    def __init__(self, sock: socket.socket, pid: int) -> None:
-        self._sock, self._reader = sock, sock.makefile("rb")
-        self.pid = pid
-        self.returncode: int | None = None
-
-    @classmethod
-    def start(
-        cls, path: str, argv: list[str], env: dict[str, str], directory: Path
-    ) -> ForkedChild | None:
-        """`python -m hf3fsctl.vllm_tools.runner ARGV` forked by the zygote at `path` (its
-        stdout and stderr in `directory`), or None when the zygote cannot take it."""
-        request = {
-            "module": zygote.RUNNER,
-            "argv": argv,
-            "env": env,
-            "cwd": os.getcwd(),
-            "stdout": str(directory / "stdout.txt"),
-            "stderr": str(directory / "stderr.log"),
-        }
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            sock.connect(path)
-            sock.sendall(json.dumps(request).encode() + b"\n")
-            child = cls(sock, 0)
-            first = child._reader.readline()
-        except OSError:
-            sock.close()
-            return None
-        if not first:  # the zygote refused (a thread appeared) or is shutting down
-            sock.close()
-            return None
-        child.pid = int(json.loads(first)["pid"])
-        return child
-
-    def _status(self, timeout_s: float | None) -> int | None:
-        if self.returncode is None:
-            ready, _, _ = select.select([self._sock], [], [], timeout_s)
-            if not ready:
-                return None
-            line = self._reader.readline()
-            self._sock.close()
-            if not line:
-                raise ConnectionError(f"the engine zygote died while {self.pid} ran")
-            self.returncode = int(json.loads(line)["status"])
-        return self.returncode
-
-    def poll(self) -> int | None:
-        return self._status(0)
-
-    def wait(self, timeout: float | None = None) -> int:
-        code = self._status(timeout)
-        if code is None:
-            raise subprocess.TimeoutExpired(zygote.RUNNER, timeout or 0.0)
-        return code
-
-    def kill(self) -> None:
-        if self.returncode is None:
-            try:
-                os.kill(self.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-
-
 @dataclass
 class EngineProcess:
     """A vLLM engine child process (`python -m hf3fsctl.vllm_tools.runner SPEC OUT`, or
@@ -291,12 +221,9 @@ def spawn_engine(run: EngineRun, directory: Path) -> EngineProcess:
     spec, out, err = directory / "spec.json", directory / "out.json", directory / "stderr.log"
     spec.write_text(json.dumps(asdict(run)))
     env = child_env(run.env)  # in-process vLLM, offline, no PYTHONHASHSEED
-    path = os.environ.get(zygote.ZYGOTE_ENV)
-    started_with = zygote.zygote_env(path) if path else None
-    if path and started_with is not None and zygote.eligible(env, started_with, asdict(run)):
-        forked = ForkedChild.start(path, [str(spec), str(out)], env, directory)
-        if forked is not None:
-            return EngineProcess(forked, out, err)
+    forked = fork_if_eligible(zygote.RUNNER, [str(spec), str(out)], env, asdict(run), directory)
+    if forked is not None:
+        return EngineProcess(forked, out, err)
     with err.open("w") as stderr:
         process = subprocess.Popen(
             [sys.executable, "-m", "hf3fsctl.vllm_tools.runner", str(spec), str(out)],
