@@ -117,6 +117,9 @@ class StoreEvents:
         self._medium = medium
         self._poll_s = poll_s
         self._lock = threading.Lock()
+        # One read of the log at a time: two reads that both started from the same `_since`
+        # would queue its changes twice (the follower thread's and a caller's `poll`).
+        self._poll_lock = threading.Lock()
         self._waiting: OrderedDict[str, tuple[BlockPayload, int]] = OrderedDict()
         self._published: OrderedDict[str, bool] = OrderedDict()  # key → last was "stored"
         self._stored: list[BlockPayload] = []
@@ -205,6 +208,10 @@ class StoreEvents:
 
     def poll(self) -> None:
         """Read the log once (up to `CHANGES_PER_POLL` rows) and queue the events it implies."""
+        with self._poll_lock:
+            self._poll_once()
+
+    def _poll_once(self) -> None:
         namespace = self._namespace
         log = self._guard.call(
             lambda client: client.changes(self._since, namespace, CHANGES_PER_POLL)
