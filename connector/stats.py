@@ -20,7 +20,8 @@ Contract:
       edges `STEP_EDGES_US`, only buckets that were hit: a difference of two totals is
       the histogram of the steps between them). `step_percentiles` reads p50/p99 back.
     * `take()` on an interval with nothing recorded returns None without building a
-      dict (it runs every engine step).
+      dict (it runs every engine step); `due()` is the same check alone (the scheduler
+      facade times `take()` only when it is due).
     * No vLLM here: the vLLM-facing classes (stats type, Prometheus metrics) are in
       `connector.vllm_stats`.
 """
