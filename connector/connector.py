@@ -140,8 +140,9 @@ class Hf3fsctlConnector(KVConnectorBase_V1, SupportsHMA):
         self._step_ns = 0
         self._span_from = 0
         # Step samples kept here and recorded every `STEP_SHIP_SAMPLES` steps (and when
-        # `process_totals` or `shutdown` asks, `flush_steps`): one list append per step instead of the recorder's locks and histogram (cache-cold after a
-        # forward pass, that costs tens of µs).
+        # `process_totals` or `shutdown` asks, `flush_steps`): one list append per step
+        # instead of the recorder's locks and histogram (cache-cold after a forward pass,
+        # that costs tens of µs).
         self._steps: list[int] = []
         hold_steps(self)
         # This step's `get_transfer_results` found nothing in flight, so there are no
@@ -303,6 +304,7 @@ class Hf3fsctlConnector(KVConnectorBase_V1, SupportsHMA):
         if self._nothing_ended(finished_req_ids):
             self._idle_step = True
             return _NO_TRANSFERS
+        self._idle_step = False
         sending, recving, failed = self._worker.transfer_results(finished_req_ids)
         return KVConnectorTransferResults(
             finished_sending=sending, finished_recving=recving, failed_recving=failed
