@@ -18,7 +18,6 @@ from __future__ import annotations
 import hmac
 import os
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,6 +25,7 @@ from typing import Any
 import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
+from helpers.cli_runner import run_hf3fsctl
 from helpers.servers import ServerProcess, free_port, write_config
 
 from hf3fsctl.cli.serve import read_token
@@ -139,9 +139,10 @@ def listening_addresses(port: int) -> set[str]:
 
 
 def cli(config: Path, *args: str, debug: bool = False) -> subprocess.CompletedProcess[str]:
+    """`hf3fsctl ARGS --config CONFIG` as a fresh process (`helpers.cli_runner`: forked
+    from the session's CLI zygote when there is one, ~1 s less of start-up each)."""
     env = {**os.environ, "HF3FSCTL_DEBUG": "1" if debug else "0"}
-    command = [sys.executable, "-m", "hf3fsctl", *args, "--config", str(config)]
-    return subprocess.run(command, capture_output=True, text=True, env=env, timeout=120)
+    return run_hf3fsctl(*args, "--config", str(config), env=env, timeout=120)
 
 
 @pytest.mark.integration
