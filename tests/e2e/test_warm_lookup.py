@@ -23,7 +23,8 @@ from typing import Any
 
 import pytest
 from e2e_scenario import BLOCK, DTYPE, RUN_TIMEOUT_S
-from helpers.cli_runner import run_hf3fsctl
+from helpers.cli_runner import CLI_ZYGOTE_ENV, cli_env, run_hf3fsctl, zygote_can_run
+from helpers.forked_child import ForkedChild
 
 from hf3fsctl.config import load_config
 from hf3fsctl.meta.client import connect
@@ -59,6 +60,29 @@ def words(rng: random.Random, count: int) -> str:
 
 def cli(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     return run_hf3fsctl(*args, timeout=RUN_TIMEOUT_S, check=check)
+
+
+def _start_cli(directory: Path, *args: str) -> subprocess.Popen[str] | ForkedChild:
+    """`hf3fsctl ARGS` started, not waited for (a test signals it), with the environment
+    `helpers.cli_runner` gives it: forked from the session's CLI zygote when it can take
+    the command (vLLM imported already: ~10-15 s less on 2 cores), else `python -m`.
+    Its output goes to `directory/stdout.txt` and `directory/stderr.log`."""
+    directory.mkdir()
+    env = cli_env(None, args)
+    path = os.environ.get(CLI_ZYGOTE_ENV)
+    if path and zygote_can_run(args, env):
+        forked = ForkedChild.start(path, "hf3fsctl", list(args), env, directory)
+        if forked is not None:
+            return forked
+    with (directory / "stdout.txt").open("w") as out, (directory / "stderr.log").open("w") as err:
+        return subprocess.Popen(
+            [sys.executable, "-m", "hf3fsctl", *args],
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=err,
+            text=True,
+        )
 
 
 def cli_json(*args: str) -> dict[str, Any]:
@@ -227,12 +251,7 @@ def test_warm_interrupted_leaves_valid_entries_and_a_rerun_completes(
     # prefills every prompt left, the bulk of this test's time.
     prompts.write_text("\n".join(words(rng, 700) for _ in range(20)) + "\n")
     common = ["--config", str(config), "--model", str(tiny_model), *ENGINE_FLAGS]
-    child = subprocess.Popen(
-        [sys.executable, "-m", "hf3fsctl", "warm", *common, "--prompts", str(prompts), "--json"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    child = _start_cli(tmp_path / "warm", "warm", *common, "--prompts", str(prompts), "--json")
     # The store is polled in this process (a read-only SQLite store, no CLI start-up per
     # poll), so the interrupt lands within ~0.1 s of the first committed key, well before
     # the warm ends even on a loaded machine.
@@ -245,11 +264,14 @@ def test_warm_interrupted_leaves_valid_entries_and_a_rerun_completes(
             time.sleep(0.1)
         assert child.poll() is None, "warm ended before it could be interrupted"
         child.send_signal(signal.SIGINT)
-        out, err = child.communicate(timeout=RUN_TIMEOUT_S)
+        child.wait(timeout=RUN_TIMEOUT_S)
     finally:
         store.close()
         if child.poll() is None:
             child.kill()
+            child.wait()
+    out = (tmp_path / "warm" / "stdout.txt").read_text()
+    err = (tmp_path / "warm" / "stderr.log").read_text(errors="replace")
     assert child.returncode == 130, err[-3000:]
     interrupted = json.loads(out)
     assert interrupted["interrupted"] is True

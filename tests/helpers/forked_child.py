@@ -88,12 +88,15 @@ class ForkedChild:
             raise subprocess.TimeoutExpired(zygote.RUNNER, timeout or 0.0)
         return code
 
-    def kill(self) -> None:
+    def send_signal(self, signum: int) -> None:
         if self.returncode is None:
             try:
-                os.kill(self.pid, signal.SIGKILL)
+                os.kill(self.pid, signum)
             except ProcessLookupError:
                 pass
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
 
 
 def fork_if_eligible(
