@@ -35,8 +35,8 @@ step with nothing to do takes the shortest path: `has_connector_metadata` answer
 (the connector has no per-layer work, so vLLM's attention wrapper skips
 `wait_for_layer_load` and `save_kv_layer` on every layer), `bind_connector_metadata`
 opens the save gate only after a step that saved, the scheduler hands out one shared
-empty metadata (`scheduler.NO_WORK`), and an idle `get_transfer_results` answers a
-shared empty result and lets `get_block_ids_with_load_errors` skip its calls.
+empty metadata (`scheduler.NO_WORK`), and an idle `get_transfer_results` asks its side
+once and lets `get_block_ids_with_load_errors` skip its calls.
 """
 
 from __future__ import annotations
@@ -90,14 +90,6 @@ logger = logging.getLogger(__name__)
 # The step metadata is a plain dataclass (the worker side imports no vLLM); vLLM's base
 # class is an ABC with no behaviour, so registering it is all the subclassing it needs.
 KVConnectorMetadata.register(Hf3fsctlConnectorMetadata)
-
-# What an idle worker step reports (nothing finished or failed): one shared object, whose
-# fields vLLM only reads (None, not sets: nothing to add to by mistake).
-_NO_TRANSFERS = KVConnectorTransferResults(
-    finished_sending=None,  # type: ignore[arg-type]
-    finished_recving=None,  # type: ignore[arg-type]
-    failed_recving=None,  # type: ignore[arg-type]
-)
 
 
 def _adopt_vllm_logging() -> None:
@@ -303,7 +295,9 @@ class Hf3fsctlConnector(KVConnectorBase_V1, SupportsHMA):
             self._span_from = thread_time_ns()
         if self._nothing_ended(finished_req_ids):
             self._idle_step = True
-            return _NO_TRANSFERS
+            # A fresh result with empty sets: vLLM's multiprocess aggregator and
+            # MultiConnector combine them with `|=` and `update` (None would fail).
+            return KVConnectorTransferResults()
         self._idle_step = False
         sending, recving, failed = self._worker.transfer_results(finished_req_ids)
         return KVConnectorTransferResults(
