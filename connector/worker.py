@@ -80,10 +80,10 @@ from hf3fsctl.staging import (
     scatter_blocks,
     total_page_bytes,
 )
-from hf3fsctl.tier import LoadTarget, PagePieces, StagingRows, Tier
+from hf3fsctl.tier import LoadTarget, PagePieces, SaveOutcome, StagingRows, Tier
 
 from .geometry import KVCacheGeometry, kv_segments
-from .jobs import LoadRun, merged_host_loads, run_load, run_save, stored_keys, without_repeats
+from .jobs import LoadRun, merged_host_loads, run_load, run_saves, stored_keys, without_repeats
 from .metadata import Hf3fsctlConnectorMetadata, LoadJob, SaveJob
 from .request_params import pin_saved
 from .service import MetadataGuard
@@ -377,28 +377,45 @@ class WorkerSide(WorkerStorage):
     ) -> None:
         """One step's save jobs, staged in `lease` in job order, one after another."""
         self._step_gate.wait(SAVE_GATE_S)
-        rows, first = lease.rows(), 0
+        rows, first, staged = lease.rows(), 0, []
+        for job in jobs:
+            staged.append(rows[first : first + len(job.keys)])
+            first += len(job.keys)
         try:
             if ready is not None:
                 ready.synchronize()
-            for job in jobs:
-                count, first = len(job.keys), first + len(job.keys)
-                self._save_job(job, rows[first - count : first])
+            self._save_step(jobs, staged)
         finally:
             lease.release()
             elapsed = time.monotonic() - started
             self.stats.add(save_jobs=len(jobs), save_seconds=elapsed)
             self.stats.observe("save_s", elapsed)
 
-    def _save_job(self, job: SaveJob, rows: list[Any]) -> None:
+    def _save_step(self, jobs: list[SaveJob], staged: list[list[Any]]) -> None:
+        """A step's save jobs in one `run_saves` (one allocate and one commit transaction
+        for them all with the embedded store), then each job's outcome in turn."""
+        outcomes: list[SaveOutcome | None] = [None] * len(jobs)
         try:
             if not self.ensure_registered():
-                self.stats.add(save_dropped=len(job.keys))
-                self.stats.fail("metadata_down", len(job.keys))
+                for job in jobs:
+                    self.stats.add(save_dropped=len(job.keys))
+                    self.stats.fail("metadata_down", len(job.keys))
+            else:
+                tier = self.tier  # after registration, which may reopen the page file
+                assert tier is not None
+                outcomes = list(run_saves(tier, jobs, staged, self.stats))
+        except Exception:
+            logger.exception("saves of %d jobs failed", len(jobs))
+            for job in jobs:
+                self.stats.fail("error", len(job.keys))
+        for job, outcome in zip(jobs, outcomes, strict=True):
+            self._save_done(job, outcome)
+
+    def _save_done(self, job: SaveJob, outcome: SaveOutcome | None) -> None:
+        """What a saved job leads to (its pin, the storage health); it then ends."""
+        try:
+            if outcome is None:  # not saved: counted already
                 return
-            tier = self.tier  # after registration, which may reopen the page file
-            assert tier is not None
-            outcome = run_save(tier, job, rows, self.stats)
             if job.pin and self.rank == 0:  # the request's kv_transfer_params pin
                 pin_saved(self.guard.call, self.namespace, stored_keys(job, outcome), job.pin_ttl_s)
             failure = outcome.storage_failure
