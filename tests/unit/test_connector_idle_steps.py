@@ -9,23 +9,13 @@ _get_kv_connector_output`), then checks one invariant of the idle path (docs/des
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import hf3fsctl_connector
-import pytest
 from helpers.connector_harness import BLOCK_SIZE, Harness, make_harness, make_request, prompt_tokens
 from hf3fsctl_connector.scheduler import NO_WORK
 from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
-
-
-@pytest.fixture
-def harnesses() -> Iterator[list[Harness]]:
-    made: list[Harness] = []
-    yield made
-    for harness in made:
-        harness.close()
 
 
 def _new(harnesses: list[Harness], model: Path, store: Path, **kwargs: Any) -> Harness:
