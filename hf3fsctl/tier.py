@@ -672,13 +672,20 @@ def _split(flat: SaveOutcome, batches: Sequence[SaveBatch]) -> list[SaveOutcome]
     return outcomes
 
 
-def _saves_pages(client: DataPath) -> bool:
-    """Whether `client` is a `SavesPages` (checked once per client class)."""
-    kind = type(client)
-    offers = _SAVES_PAGES.get(kind)
+def _offers(client: DataPath, protocol: type) -> bool:
+    """Whether `client` is a `protocol` (`LocatesPages`, `SavesPages`): a runtime protocol
+    check costs microseconds, the first one of a process ~0.3 ms, so it is made once per
+    client class (a class's methods are its instances')."""
+    kind = (type(client), protocol)
+    offers = _OFFERS.get(kind)
     if offers is None:
-        offers = _SAVES_PAGES[kind] = isinstance(client, SavesPages)
+        offers = _OFFERS[kind] = isinstance(client, protocol)
     return offers
+
+
+def _saves_pages(client: DataPath) -> bool:
+    """Whether `client` offers `allocate_pages` / `commit_pages`."""
+    return _offers(client, SavesPages)
 
 
 def _allocate(
@@ -728,13 +735,8 @@ def _commit(
 
 
 def _offers_pages(client: DataPath) -> bool:
-    """Whether `client` is a `LocatesPages` (a protocol check costs microseconds, the
-    first one of a process ~0.3 ms: once per client class)."""
-    kind = type(client)
-    offers = _LOCATES_PAGES.get(kind)
-    if offers is None:
-        offers = _LOCATES_PAGES[kind] = isinstance(client, LocatesPages)
-    return offers
+    """Whether `client` offers `locate_pages`."""
+    return _offers(client, LocatesPages)
 
 
 def _locate(
@@ -751,7 +753,5 @@ def _prepare_locate(client: DataPath, namespace: str, rank: int) -> None:
         cast(LocatesPages, client).prepare_locate_pages(namespace, rank)
 
 
-# Whether each client class offers `locate_pages` (its methods are the class's).
-_LOCATES_PAGES: dict[type, bool] = {}
-# … and `allocate_pages` / `commit_pages`.
-_SAVES_PAGES: dict[type, bool] = {}
+# Whether each (client class, protocol) is an instance of it.
+_OFFERS: dict[tuple[type, type], bool] = {}
