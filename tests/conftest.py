@@ -4,6 +4,7 @@ tiny model every directory's tests share."""
 from __future__ import annotations
 
 import os
+import signal
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
@@ -13,6 +14,15 @@ os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
 os.environ.setdefault("DO_NOT_TRACK", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+# A suite started in the background by a non-interactive shell (`make test &` in a script)
+# inherits SIGINT ignored (POSIX: asynchronous commands without job control), and so does
+# every engine and CLI process it starts, zygotes and their children included; the tests
+# that interrupt a `warm` with SIGINT need it delivered as in a terminal. Caught here, it
+# is SIG_DFL again in every exec'd child (whose Python then raises KeyboardInterrupt).
+# Found 2026-12-03: such a run's interrupted warm ran all its prompts and exited 0.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(autouse=True)
