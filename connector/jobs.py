@@ -8,13 +8,11 @@ Contract:
     * `LoadRun`: one load job in flight: its job, its start time, the `LoadCancel` its
       timeout uses (a cancelled load never scatters), and whether its result was
       reported (once).
-    * `run_save(tier, job, rows, stats)`: `Tier.save` of the job's staged rows (with
-      the job's retention); counts
-      existing, saved and dropped blocks and failures by kind, and returns the outcome
-      (the worker turns its `storage_failure`/`storage_worked` into the back-off and the
-      health state). `run_saves(tier, jobs, rows, stats)`: the same for a step's jobs
-      through one `Tier.save_many` (one allocate and one commit transaction for them all
-      with the embedded store), an outcome per job.
+    * `run_saves(tier, jobs, rows, stats)`: `Tier.save_many` of a step's jobs' staged
+      rows (each with its retention; one allocate and one commit transaction for them
+      all with the embedded store); counts existing, saved and dropped blocks and
+      failures by kind, and returns an outcome per job (the worker turns its
+      `storage_failure`/`storage_worked` into the back-off and the health state).
     * `without_repeats(jobs, ended)`: a step's save jobs less the leading keys an earlier
       job of the step saves (requests that share a prefix each plan it);
       `merged_host_loads(jobs)`: a step's synchronous loads as one job when their keys
@@ -62,26 +60,13 @@ class LoadRun:
     reported: bool = False  # result handed to get_finished (or to this step)
 
 
-def run_save(tier: Tier, job: SaveJob, rows: Sequence[Buffer], stats: StatsRecorder) -> SaveOutcome:
-    """Store the staged pages of `job` (`rows` in `job.keys` order) and count the outcome."""
-    outcome = tier.save(
-        job.keys,
-        rows,
-        job.first_depth,
-        retention_s=job.retention_s,
-        renew_on_read=job.renew_on_read,
-    )
-    _count(tier, outcome, stats)
-    return outcome
-
-
 def run_saves(
     tier: Tier, jobs: Sequence[SaveJob], rows: Sequence[Sequence[Buffer]], stats: StatsRecorder
 ) -> list[SaveOutcome]:
-    """`run_save` of a step's jobs (`rows[i]` staged for `jobs[i]`) through one
-    `Tier.save_many`: with the embedded store, one allocate and one commit transaction for
-    the step instead of two per job (issue 23); an outcome per job, counted as `run_save`
-    counts it."""
+    """Store the staged pages of a step's jobs (`rows[i]` for `jobs[i]`, in its keys'
+    order) through one `Tier.save_many` — with the embedded store one allocate and one
+    commit transaction for the step instead of two per job (issue 23) — and count each
+    job's outcome."""
     batches = [
         SaveBatch(job.keys, job_rows, job.first_depth, job.retention_s, job.renew_on_read)
         for job, job_rows in zip(jobs, rows, strict=True)

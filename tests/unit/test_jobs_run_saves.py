@@ -1,5 +1,6 @@
 """`jobs.run_saves` (issue 23): a step's save jobs through one `Tier.save_many` — an
-outcome per job and the same counts as `run_save` of each job, in two transactions."""
+outcome per job and the same counts as saving each job alone (`run_saves` of one job takes
+`Tier.save`'s path), in two transactions."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import numpy as np
 import pytest
 from helpers.meta_builders import PAGE_BYTES, keys, register_growable
 
-from connector.jobs import run_save, run_saves
+from connector.jobs import run_saves
 from connector.metadata import SaveJob
 from connector.stats import StatsRecorder
 from hf3fsctl.meta.sqlite.store import MetadataStore
@@ -37,7 +38,7 @@ def tiers(tmp_path: Path) -> Iterator[tuple[Tier, Tier]]:
             yield a, b
 
 
-def test_run_saves_counts_what_run_save_of_each_job_counts(tiers: tuple[Tier, Tier]) -> None:
+def test_run_saves_counts_what_saving_each_job_alone_counts(tiers: tuple[Tier, Tier]) -> None:
     batched, one_by_one = tiers
     chain = keys(4)
     jobs = [
@@ -48,7 +49,8 @@ def test_run_saves_counts_what_run_save_of_each_job_counts(tiers: tuple[Tier, Ti
     together, alone = StatsRecorder(), StatsRecorder()
     outcomes = run_saves(batched, jobs, rows, together)
     singles = [
-        run_save(one_by_one, job, job_rows, alone) for job, job_rows in zip(jobs, rows, strict=True)
+        run_saves(one_by_one, [job], [job_rows], alone)[0]
+        for job, job_rows in zip(jobs, rows, strict=True)
     ]
     assert [o.kinds for o in outcomes] == [o.kinds for o in singles]
     assert [o.kinds for o in outcomes] == [[SAVED] * 3, [SAVED, EXISTING]]
