@@ -29,6 +29,10 @@ from collections.abc import Iterable
 
 CACHED_KEYS = 16_384  # keys kept across namespaces (~150 B each)
 NEVER = float("inf")  # the expiry of a key that does not expire (one shared object)
+# What `sync` reads (one text each: a connection compiles a statement once per text).
+_LOG_END = "SELECT seq FROM sqlite_sequence WHERE name = 'changes'"
+_LOG_START = "SELECT MIN(seq) FROM changes"
+_DROPPED = "SELECT namespace, key FROM changes WHERE seq > ? AND seq <= ? AND delta = -1"
 
 
 class CommittedKeyCache:
@@ -43,7 +47,7 @@ class CommittedKeyCache:
 
     def sync(self, conn: sqlite3.Connection) -> int:
         """Bring the cache to the end of the log in `conn`'s snapshot; returns that end."""
-        row = conn.execute("SELECT seq FROM sqlite_sequence WHERE name = 'changes'").fetchone()
+        row = conn.execute(_LOG_END).fetchone()
         end = int(row[0]) if row else 0
         with self._lock:
             start = self._seq
@@ -52,14 +56,11 @@ class CommittedKeyCache:
         if start is None:
             dropped: Iterable[tuple[str, str]] | None = None
         else:
-            oldest = conn.execute("SELECT MIN(seq) FROM changes").fetchone()[0]
+            oldest = conn.execute(_LOG_START).fetchone()[0]
             dropped = (
                 None  # pruned before read: every key may be stale
                 if oldest is None or oldest > start + 1
-                else conn.execute(
-                    "SELECT namespace, key FROM changes WHERE seq > ? AND seq <= ? AND delta = -1",
-                    (start, end),
-                ).fetchall()
+                else conn.execute(_DROPPED, (start, end)).fetchall()
             )
         with self._lock:
             if self._seq != start:  # another thread synced meanwhile: start over
@@ -75,6 +76,12 @@ class CommittedKeyCache:
                         self._size -= 1
                 self._seq = end
         return end
+
+    def prepare(self, conn: sqlite3.Connection) -> None:
+        """Have `conn` compile what `sync` reads (an empty range of the log); the cache
+        is left as it was."""
+        for sql, args in ((_LOG_END, ()), (_LOG_START, ()), (_DROPPED, (0, -1))):
+            conn.execute(sql, args).fetchall()
 
     def cached(self, namespace: str) -> dict[str, float] | None:
         """The namespace's cached keys (read them under no lock: a racing drop only

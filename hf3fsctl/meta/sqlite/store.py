@@ -69,7 +69,12 @@ from hf3fsctl.meta.models import (
 from hf3fsctl.meta.policy import StorePolicy
 from hf3fsctl.meta.sqlite import admission, namespaces, pins, schema
 from hf3fsctl.meta.sqlite import capacity as room
-from hf3fsctl.meta.sqlite.committed_index import leading_hits, prune_changes, read_changes
+from hf3fsctl.meta.sqlite.committed_index import (
+    leading_hits,
+    prepare_leading_hits,
+    prune_changes,
+    read_changes,
+)
 from hf3fsctl.meta.sqlite.database import SqliteDatabase
 from hf3fsctl.meta.sqlite.eviction import (
     drop_expired,
@@ -117,6 +122,7 @@ def _lease_sql(size: int) -> str:
 
 
 _COUNT_HITS = "UPDATE namespaces SET hits = hits + ?, last_used = ? WHERE id = ?"
+_NUM_RANKS = "SELECT num_ranks FROM namespaces WHERE id = ?"
 
 
 def _chunks(items: Sequence[T], size: int = _CHUNK) -> Iterator[Sequence[T]]:
@@ -304,8 +310,7 @@ class MetadataStore(SqliteDatabase, StoreCore):
         if cached is not None:
             return cached
         check_namespace_id(namespace)
-        row = conn.execute("SELECT num_ranks FROM namespaces WHERE id = ?", (namespace,))
-        found = row.fetchone()
+        found = conn.execute(_NUM_RANKS, (namespace,)).fetchone()
         if found is None:
             raise NotFound(f"namespace {namespace} is not registered")
         self._num_ranks[namespace] = int(found[0])
@@ -339,6 +344,15 @@ class MetadataStore(SqliteDatabase, StoreCore):
             )
         self._count_lookup(namespace, len(keys), hits)
         return hits
+
+    def prepare_lookup(self) -> None:
+        """Have this thread's connection compile what `lookup` runs (the rank count's
+        query, `committed_index.prepare_leading_hits`: the probe at each padded size and
+        the key cache's reads of the log), so that a process's first lookups compile
+        nothing (issue 23). Reads only: nothing stored, cached or counted changes."""
+        with self._read() as conn:
+            conn.execute(_NUM_RANKS, ("",)).fetchall()
+            prepare_leading_hits(conn, self._has_key_lru, self._has_expiry, self._committed_keys)
 
     def _locate(self, namespace: str, rank: int, keys: Sequence[str]) -> list[Location | None]:
         found = self._locate_rows(namespace, rank, keys)
