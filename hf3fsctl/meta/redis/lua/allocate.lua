@@ -58,7 +58,6 @@ for i, key in ipairs(wanted) do
     existing[#existing + 1] = key
   end
 end
-
 apply_evictions(dropped_expired, 'expired')
 row = rank_file(ns, rank)
 local marked = {}
@@ -150,8 +149,8 @@ local function fit(need, scope, limit)
     end
     local reason = 'quota'
     if scope == nil then reason = 'capacity' end
-    local batch = math.max(256, need + math.floor(swing / row.slot) + 1)
-    evict_lru(evictable_scope(scope), done, freed, reason, math.min(batch, 4096), nil,
+    local batch = need + math.floor(swing / row.slot) + 1
+    evict_lru(evictable_scope(scope), done, freed, reason, batch, nil,
       need + EVICT_BEYOND_NEED)
     if can_punch then mark_give_back(marked, ns, rank, scope) end
     refresh()
@@ -170,10 +169,12 @@ local function take_pages(count, cap)
   end
   local fk = k_free(ns, rank)
   local got = redis.call('ZRANGEBYSCORE', fk, '-inf', f6(NOW), 'WITHSCORES', 'LIMIT', 0, count)
+  local taken = {}
   for i = 1, #got, 2 do
     out[#out + 1] = {tonumber(got[i]), tonumber(got[i + 1])}
-    redis.call('ZREM', fk, got[i])
+    taken[#taken + 1] = got[i]
   end
+  if #taken > 0 then call_chunked('ZREM', fk, taken, 1) end
   local reused_holes = 0
   if #out < count then
     local want = count - #out
@@ -181,11 +182,13 @@ local function take_pages(count, cap)
     if want > 0 then
       local hk = k_holes(ns, rank)
       local hs = redis.call('ZRANGEBYSCORE', hk, '-inf', f6(NOW), 'WITHSCORES', 'LIMIT', 0, want)
+      local reused = {}
       for i = 1, #hs, 2 do
         out[#out + 1] = {tonumber(hs[i]), tonumber(hs[i + 1])}
-        redis.call('ZREM', hk, hs[i])
+        reused[#reused + 1] = hs[i]
         reused_holes = reused_holes + 1
       end
+      if #reused > 0 then call_chunked('ZREM', hk, reused, 1) end
       if grow_room ~= nil then grow_room = grow_room - reused_holes end
     end
   end
@@ -213,7 +216,7 @@ if need > 0 then
     local used = row.used
     evict_lru({ns}, function() return used <= target end, function(ns2, r2, page)
       if r2 == rank then used = used - 1 end
-    end, 'file_full', math.min(4096, math.max(256, used - target)), rank, need + EVICT_BEYOND_NEED)
+    end, 'file_full', used - target, rank, need + EVICT_BEYOND_NEED)
     row = rank_file(ns, rank)
   end
   local cap = capacity_bytes()

@@ -342,11 +342,16 @@ local function file_slot(ns, r)
 end
 
 -- pins, held bytes, eviction counters -----------------------------------------------------
+-- Whether a pin's value ("expires created") still holds.
+local function pinned_value(v)
+  local expires = tonumber(string.match(v, '^(%S+)'))
+  return expires == 0 or expires > NOW
+end
+
 local function pinned(ns, key)
   local v = redis.call('HGET', k_pins(ns), key)
   if not v then return false end
-  local expires = tonumber(string.match(v, '^(%S+)'))
-  return expires == 0 or expires > NOW
+  return pinned_value(v)
 end
 
 -- `c:NS`'s value (2+ ranks): the ranks committed, the key's LRU generation, then the key's

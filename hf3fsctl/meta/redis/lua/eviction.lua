@@ -76,38 +76,200 @@ local function choose_victims(scope, skip, batch, window)
   return cands, threshold
 end
 
+-- The head of a packed entry (common.lua's ENTRY up to the generation): flags, page,
+-- depth, lease end (ms), generation and whether it has an expiry — what a victim's
+-- check and drop read, without `unpack_entry`'s table.
+local ENTRY_HEAD = '<BI7I5I2I5I5I3I5I5I4I5'
+local function entry_head(v)
+  local flags, until_, page, depth, _, _, _, lease, _, _, gen = struct.unpack(ENTRY_HEAD, v)
+  if lease > 0 then lease = lease + EPOCH_MS end
+  return flags % 2, page, depth, lease, gen, until_ > 0
+end
+
+-- A round of evictions, decided one victim at a time and written together
+-- (`apply_drops`): per namespace, per rank the entries to delete and the pages to free,
+-- the LRU members to remove by generation, the `x:NS` members, the keys gone from every
+-- rank. The same writes `drop_key` makes for each victim, as one command per kind.
+local function new_drops() return {} end
+
+local function drops_of(drops, ns, nranks)
+  local d = drops[ns]
+  if not d then
+    d = {nranks = nranks, keys = {}, free = {}, gens = {}, x = {}, gone = {}, complete = 0,
+      stale = {}, stale_x = {}, ckeys = {}, members = {}}
+    for r = 0, nranks - 1 do d.keys[r] = {}; d.free[r] = {} end
+    drops[ns] = d
+  end
+  return d
+end
+
+-- Drop `key`, whose committed entries per rank are `heads[r]` ({page, depth, lease, gen,
+-- has expiry} or nil), as `drop_key` would. Returns the freed {rank, page} pairs.
+local function drop_later(d, ns, key, heads)
+  local nranks = d.nranks
+  local freed, members = {}, {}
+  local had, gen, expiring = 0, 0, false
+  for r = 0, nranks - 1 do
+    local h = heads[r]
+    if h then
+      members[lru_member(key, h[2])] = true
+      if nranks == 1 then gen = h[4] end
+      if h[5] then expiring = true end
+      local keys, free = d.keys[r], d.free[r]
+      keys[#keys + 1] = key
+      free[#free + 1] = f6(math.max(NOW, h[3] / 1000))
+      free[#free + 1] = h[1]
+      change(ns, key, -1)
+      freed[#freed + 1] = {r, h[1]}
+      had = had + 1
+    end
+  end
+  if had >= nranks then d.complete = d.complete + 1 end
+  d.gone[key] = true
+  local list = {}
+  for m in pairs(members) do list[#list + 1] = m end
+  if nranks > 1 then  -- the generation is in `c:NS`: read when written
+    d.ckeys[#d.ckeys + 1] = key
+    d.members[#d.members + 1] = list
+  elseif gen > 0 then
+    local g = d.gens[gen]
+    if not g then g = {}; d.gens[gen] = g end
+    for _, m in ipairs(list) do g[#g + 1] = m end
+  end
+  if expiring then for _, m in ipairs(list) do d.x[#d.x + 1] = m end end
+  return freed
+end
+
+local function apply_drops(drops)
+  for ns, d in pairs(drops) do
+    for r = 0, d.nranks - 1 do
+      local keys = d.keys[r]
+      if #keys > 0 then
+        call_chunked('HDEL', k_e(ns, r), keys, 1)
+        call_chunked('ZADD', k_free(ns, r), d.free[r], 2)
+        redis.call('HINCRBY', k_rf(ns, r), 'used', -#keys)
+      end
+    end
+    if d.complete > 0 then redis.call('HINCRBY', k_ns(ns), 'keys', -d.complete) end
+    if #d.ckeys > 0 then
+      local values = hmget_all(k_c(ns), d.ckeys)
+      for j, list in ipairs(d.members) do
+        local _, gen = c_parse(values[j])
+        if gen and gen > 0 then
+          local g = d.gens[gen]
+          if not g then g = {}; d.gens[gen] = g end
+          for _, m in ipairs(list) do g[#g + 1] = m end
+        end
+      end
+      call_chunked('HDEL', k_c(ns), d.ckeys, 1)
+    end
+    for gen, members in pairs(d.stale) do  -- members with no committed entry left
+      local g = d.gens[gen]
+      if not g then g = {}; d.gens[gen] = g end
+      for _, m in ipairs(members) do g[#g + 1] = m end
+    end
+    for gen, members in pairs(d.gens) do lru_remove(ns, gen, members, nil) end
+    for _, m in ipairs(d.stale_x) do d.x[#d.x + 1] = m end
+    if #d.x > 0 then call_chunked('ZREM', k_x(ns), d.x, 1) end
+  end
+end
+
+local WINDOW_MAX = 4096  -- candidates one round reads per namespace, at most
+local VICTIM_CHUNK = 64  -- candidates whose entries (and pins) one HMGET reads
+
 -- One walk of `evict_lru`: candidates of `window` in `names`, evicted while not
 -- `satisfied()` and fewer than `limit` went (`evicted` so far); counted under `why`.
+-- The first round reads `batch` candidates per namespace (what the caller expects to
+-- evict), each further one twice as many, to WINDOW_MAX: which keys go does not depend
+-- on it, only how many rounds a walk past keys that may not go takes.
+-- Each candidate is decided as `evictable` and `drop_key` would, in order, from entries
+-- read a chunk at a time; a round's drops are written before the next window is read.
 local function walk(window, names, why, satisfied, on_free, batch, need_rank, limit,
     ranks, evicted)
-  local counts, skip = {}, {}
-  for _, ns in ipairs(names) do skip[ns] = 0 end
+  local counts, skip, has_pins = {}, {}, {}
+  for _, ns in ipairs(names) do
+    skip[ns] = 0
+    has_pins[ns] = redis.call('EXISTS', k_pins(ns)) == 1
+  end
   while not satisfied() and evicted < limit do
     local cands, threshold = choose_victims(names, skip, batch, window)
     if #cands == 0 then break end
     local progressed = false
-    for _, c in ipairs(cands) do
+    local drops = new_drops()
+    local values, pins = {}, {}  -- per namespace: per rank the entries, the pins, by key
+    local fetched = 0
+    for i, c in ipairs(cands) do
       if threshold ~= nil and sorts_before(threshold, c) then break end
       if satisfied() or evicted >= limit then break end
+      if i > fetched then  -- read the next chunk's entries, per namespace and rank
+        local last = math.min(#cands, i + VICTIM_CHUNK - 1)
+        local want = {}
+        for j = i, last do
+          local ns = cands[j][1]
+          local w = want[ns]
+          if not w then w = {}; want[ns] = w end
+          w[#w + 1] = cands[j][2]
+        end
+        for ns, keys in pairs(want) do
+          local v = values[ns]
+          if not v then v = {}; values[ns] = v; pins[ns] = {} end
+          for r = 0, ranks[ns] - 1 do
+            local vr = v[r]
+            if not vr then vr = {}; v[r] = vr end
+            local got = hmget_all(k_e(ns, r), keys)
+            for j, key in ipairs(keys) do vr[key] = got[j] or false end
+          end
+          if has_pins[ns] then
+            local got = hmget_all(k_pins(ns), keys)
+            for j, key in ipairs(keys) do pins[ns][key] = got[j] or false end
+          end
+        end
+        fetched = last
+      end
       progressed = true
       local ns, key = c[1], c[2]
-      local ok, depth = evictable(ns, key, ranks[ns], true, false, need_rank)
-      if ok then
-        local freed = drop_key(ns, key, ranks[ns])
+      local nranks = ranks[ns]
+      local d = drops_of(drops, ns, nranks)
+      -- `evictable(ns, key, nranks, true, false, need_rank)`, on the entries read
+      -- (a key met twice in a round has no entries left after its drop)
+      local ok, committed, heads, gone = true, 0, {}, d.gone[key]
+      for r = 0, nranks - 1 do
+        local v = not gone and values[ns][r][key]
+        if v then
+          local state, page, depth, lease, gen, expiring = entry_head(v)
+          if state == 0 or lease > NOW_MS then ok = false; break end
+          heads[r] = {page, depth, lease, gen, expiring}
+          committed = committed + 1
+        elseif need_rank == r then
+          ok = false
+          break
+        end
+      end
+      if ok and committed == 0 then  -- a stale LRU member: no committed entry left
+        if c[5] then
+          local s = d.stale[c[5]]
+          if not s then s = {}; d.stale[c[5]] = s end
+          s[#s + 1] = c[4]
+        else
+          d.stale_x[#d.stale_x + 1] = c[4]
+        end
+      elseif ok and has_pins[ns] and pins[ns][key] and pinned_value(pins[ns][key]) then
+        skip[ns] = skip[ns] + 1
+      elseif ok then
         local bytes = 0
-        for _, fr in ipairs(freed) do
+        for _, fr in ipairs(drop_later(d, ns, key, heads)) do
           bytes = bytes + file_slot(ns, fr[1])
           on_free(ns, fr[1], fr[2])
         end
         count_evictions(counts, ns, 1, bytes)
         evicted = evicted + 1
-      elseif depth == -1 then  -- no committed entry left: not a candidate
-        if c[5] then lru_remove(ns, c[5], {c[4]}, nil) else redis.call('ZREM', k_x(ns), c[4]) end
       else
         skip[ns] = skip[ns] + 1
       end
     end
+    apply_drops(drops)
     if not progressed then break end
+    batch = math.min(WINDOW_MAX, batch * 2)  -- walked past this many: look further at once
   end
   apply_evictions(counts, why)
   return evicted
@@ -130,6 +292,7 @@ end
 -- `reason`. Each candidate is checked (`evictable`) only when reached: the cost is the
 -- keys walked, not the store's size.
 local function evict_lru(scope, satisfied, on_free, reason, batch, need_rank, limit)
+  batch = math.max(1, math.min(WINDOW_MAX, batch))
   local ranks = {}
   for _, ns in ipairs(scope) do ranks[ns] = tonumber(redis.call('HGET', k_ns(ns), 'num_ranks')) or 0 end
   local evicted = 0
