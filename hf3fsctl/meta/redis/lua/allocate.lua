@@ -114,8 +114,69 @@ local function evictable_scope(scope)
   return out
 end
 
+-- This file's pages its evictions free are held here (`FREE_HELD`, eviction.lua) until
+-- `take_pages` has taken what it needs from them and its free set together, in the free
+-- set's own order; the rest join the set at the end (`add_held_pages`).
+FREE_HELD = {ns, rank, {}}
+local NOW_N = tonumber(f6(NOW))  -- the bound every reusable page's score is compared with
+
+local function held_reusable()
+  local n = 0
+  local held = FREE_HELD[3]
+  for i = 1, #held, 2 do if tonumber(held[i]) <= NOW_N then n = n + 1 end end
+  return n
+end
+
 local function reusable_free()
-  return redis.call('ZCOUNT', k_free(ns, rank), '-inf', f6(NOW))
+  return redis.call('ZCOUNT', k_free(ns, rank), '-inf', f6(NOW)) + held_reusable()
+end
+
+-- Whether free page `a` {page, score, …} comes before `b` in a free set (by score, then
+-- by the member's bytes, as Redis orders equal scores).
+local function free_before(a, b)
+  if a[2] ~= b[2] then return a[2] < b[2] end
+  return a[1] < b[1]
+end
+
+-- The `count` first reusable pages of this file's free set and the held ones together,
+-- taken: {page, reusable after} in the set's order.
+local function take_free(count)
+  local fk = k_free(ns, rank)
+  local got = redis.call('ZRANGEBYSCORE', fk, '-inf', f6(NOW), 'WITHSCORES', 'LIMIT', 0, count)
+  local pool = {}
+  for i = 1, #got, 2 do pool[#pool + 1] = {got[i], tonumber(got[i + 1]), true} end
+  local held = FREE_HELD[3]
+  local kept = {}  -- held pages not taken, as ZADD arguments
+  for i = 1, #held, 2 do
+    local score = tonumber(held[i])
+    if score <= NOW_N then
+      pool[#pool + 1] = {string.format('%d', held[i + 1]), score, false, held[i]}
+    else
+      kept[#kept + 1] = held[i]
+      kept[#kept + 1] = held[i + 1]
+    end
+  end
+  if #held > 0 then table.sort(pool, free_before) end
+  local out, taken = {}, {}
+  for j, p in ipairs(pool) do
+    if j <= count then
+      out[#out + 1] = {tonumber(p[1]), p[2]}
+      if p[3] then taken[#taken + 1] = p[1] end
+    elseif not p[3] then
+      kept[#kept + 1] = p[4]
+      kept[#kept + 1] = p[1]
+    end
+  end
+  if #taken > 0 then call_chunked('ZREM', fk, taken, 1) end
+  FREE_HELD[3] = kept
+  return out
+end
+
+-- The held pages no allocation took join the free set.
+local function add_held_pages()
+  local held = FREE_HELD[3]
+  if #held > 0 then call_chunked('ZADD', k_free(ns, rank), held, 2) end
+  FREE_HELD = nil
 end
 
 -- Make room for `need` pages within `limit` bytes held by `scope` (nil: the store).
@@ -167,14 +228,7 @@ local function take_pages(count, cap)
   if cap ~= nil and not row.prealloc then
     grow_room = math.max(0, math.floor((cap - held(nil)) / row.slot))
   end
-  local fk = k_free(ns, rank)
-  local got = redis.call('ZRANGEBYSCORE', fk, '-inf', f6(NOW), 'WITHSCORES', 'LIMIT', 0, count)
-  local taken = {}
-  for i = 1, #got, 2 do
-    out[#out + 1] = {tonumber(got[i]), tonumber(got[i + 1])}
-    taken[#taken + 1] = got[i]
-  end
-  if #taken > 0 then call_chunked('ZREM', fk, taken, 1) end
+  out = take_free(count)
   local reused_holes = 0
   if #out < count then
     local want = count - #out
@@ -250,6 +304,7 @@ for i, key in ipairs(new_keys) do
     granted = granted + 1
   end
 end
+add_held_pages()
 call_chunked('HSET', ek, entry_args, 2)
 call_chunked('ZADD', k_pend(ns, rank), pend_args, 2)
 if granted > 0 then redis.call('HINCRBY', k_rf(ns, rank), 'used', granted) end

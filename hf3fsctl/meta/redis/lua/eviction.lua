@@ -140,13 +140,24 @@ local function drop_later(d, ns, key, heads)
   return freed
 end
 
+-- The freed pages of one file kept out of its free set for now: {ns, rank, pairs}
+-- (score, page, … as `free_page` would add them). allocate.lua holds its own file's, to
+-- take them itself (`take_pages`) and add only the rest, instead of adding them all and
+-- taking them back at once; nil: every freed page goes to its free set.
+local FREE_HELD = nil
+
 local function apply_drops(drops)
   for ns, d in pairs(drops) do
     for r = 0, d.nranks - 1 do
       local keys = d.keys[r]
       if #keys > 0 then
         call_chunked('HDEL', k_e(ns, r), keys, 1)
-        call_chunked('ZADD', k_free(ns, r), d.free[r], 2)
+        if FREE_HELD and FREE_HELD[1] == ns and FREE_HELD[2] == r then
+          local held = FREE_HELD[3]
+          for _, v in ipairs(d.free[r]) do held[#held + 1] = v end
+        else
+          call_chunked('ZADD', k_free(ns, r), d.free[r], 2)
+        end
         redis.call('HINCRBY', k_rf(ns, r), 'used', -#keys)
       end
     end
