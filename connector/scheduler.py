@@ -190,11 +190,17 @@ class SchedulerSide:
         if not self._embedded:
             self._pool.submit(self._open_quietly)
             return
-        self._open_quietly()
+        self._open_quietly(prepare=True)
 
-    def _open_quietly(self) -> None:
+    def _open_quietly(self, prepare: bool = False) -> None:
+        """Open the client; with `prepare`, also have an embedded store compile its
+        lookup statements on this thread's connection (`prepare_lookup`, reads only), so
+        that the first requests' inline lookups compile nothing (issue 23)."""
         try:
-            self.guard.client()
+            client = self.guard.client()
+            warm_up = getattr(client, "prepare_lookup", None) if prepare else None
+            if warm_up is not None:
+                warm_up()
         except Exception as exc:  # the first lookup tries again (and reports it)
             logger.debug("opening metadata %s at start failed: %s", self.guard.url, exc)
 

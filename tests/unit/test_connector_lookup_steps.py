@@ -9,6 +9,7 @@ the connector (`tests.helpers.connector_harness`); no wall-clock thresholds.
 
 from __future__ import annotations
 
+import sqlite3
 import time
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,8 @@ from helpers.connector_harness import (
     prompt_tokens,
 )
 from vllm.v1.request import Request
+
+from hf3fsctl.meta.sqlite.store import MetadataStore
 
 # 2 prefixes x 2 suffixes, all at once, as `bench e2e --quick` sends them (scaled down).
 PREFIXES = [prompt_tokens(3 * BLOCK_SIZE, salt=s) for s in (1, 2)]
@@ -123,3 +126,36 @@ def test_slow_embedded_lookup_costs_the_step_one_lookup_and_moves_lookups_to_thr
     # goes to a thread too and is waited for 10 ms only. vLLM asks again next step.
     assert answers == [(4 * BLOCK_SIZE, False), (None, False), (None, False)]
     assert "lookups run off the engine step" in caplog.text
+
+
+def test_a_fresh_schedulers_first_lookups_compile_nothing(
+    harnesses: list[Harness], tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The scheduler side has its embedded store compile the lookups when it opens it
+    (`prepare_lookup`), on the thread that then answers them inline (issue 23)."""
+    store = tmp_path / "store"
+    cold = _new(harnesses, tiny_model_dir, store)
+    cold.run(make_request("cold", PROMPTS[0]))
+    assert hf3fsctl_connector.wait_for_saves(10)
+    compiled: list[tuple[int, str | None]] = []
+    prepare = MetadataStore.prepare_lookup
+
+    def watched(self: MetadataStore) -> None:  # the authorizer first: it expires statements
+        def authorize(action: int, table: str | None, *_: Any) -> int:
+            compiled.append((action, table))
+            return sqlite3.SQLITE_OK
+
+        self._conn().set_authorizer(authorize)
+        monkeypatch.setattr(self, "_flush_if_free", lambda: None)  # the counters' timed write
+        prepare(self)
+
+    monkeypatch.setattr(MetadataStore, "prepare_lookup", watched)
+    warm = _new(harnesses, tiny_model_dir, store, extra=ROOMY)
+    assert (sqlite3.SQLITE_READ, "key_lru") in compiled
+    compiled.clear()
+    for i, prompt in enumerate(PROMPTS):
+        warm.scheduler.add_request(make_request(f"warm{i}", prompt))
+    first = warm.step()
+    loads = sorted(len(job.keys) for job in first.kv_connector_metadata.loads)
+    assert loads == [3, 4]  # PROMPTS[0] stored, PROMPTS[1] its prefix
+    assert compiled == []
