@@ -288,15 +288,19 @@ end
 
 local no_space = {}
 local granted = 0
+-- a new pending entry, packed as `pack_entry` packs {state = 0, page, depth, created and
+-- last access NOW, until the deadline, free at the page's reusable time, the rest 0}
+local deadline_raw, now_raw = to_epoch_us(ms(deadline)), to_epoch(NOW_MS)
 for i, key in ipairs(new_keys) do
   local p = pages[i]
   if p == nil then
     no_space[#no_space + 1] = key
   else
-    local e = {state = 0, page = p[1], depth = depth_of[key], created = NOW_MS, last = NOW_MS,
-      hits = 0, until_ = ms(deadline), lease = 0, freeat = ms(p[2]), size = 0, checksum = ''}
+    local freeat = 0
+    if p[2] > 0 then freeat = to_epoch(ms(p[2])) end
     entry_args[#entry_args + 1] = key
-    entry_args[#entry_args + 1] = pack_entry(e)
+    entry_args[#entry_args + 1] = struct.pack(ENTRY, 0, deadline_raw, p[1],
+      math.min(depth_of[key], U16), now_raw, now_raw, 0, 0, freeat, 0, 0, 0)
     pend_args[#pend_args + 1] = deadline_s
     pend_args[#pend_args + 1] = key
     allocated[#allocated + 1] = key

@@ -9,23 +9,31 @@ local values = hmget_all(ek, ARGV, 4)
 local out, found, touched, located = {}, {}, {}, {}
 local renewed = {}  -- key -> its entry's new expiry
 local until_ = ms(NOW + lease_s)
+local lease_raw = to_epoch(until_)  -- the lease as the entry holds it
+local last_raw = to_epoch(NOW_MS)
+-- Each entry is read and rewritten as its raw fields (common.lua's ENTRY, one `struct`
+-- call each way), changed as `unpack_entry`, the changes, then `pack_entry` would
+-- change them; the others are stored again as read.
 for j = 1, #ARGV - 3 do
-  local e = unpack_entry(values[j])
-  if e and e.state == 1 and not expired(e) then
+  local v = values[j]
+  local f = v and {struct.unpack(ENTRY, v)}  -- flags, until, page, depth, created, last, …
+  if f and f[1] % 2 == 1 and not (f[2] > 0 and from_epoch_us(f[2]) <= NOW_MS) then  -- live
     local key = ARGV[j + 3]
-    e.hits = e.hits + 1
-    e.last = NOW_MS
-    if until_ > e.lease then e.lease = until_ end
-    if e.renew and e.until_ > 0 then
-      e.until_ = expiry_after(ms(e.retention))
-      renewed[key] = {e.until_, e.depth}
+    f[6] = last_raw
+    f[7] = math.min(f[7] + 1, U24)
+    if f[8] == 0 or until_ > f[8] + EPOCH_MS then f[8] = lease_raw end
+    if f[1] >= 2 and f[2] > 0 then  -- renewed on read
+      local expiry = expiry_after(ms(f[12]))
+      f[2] = to_epoch_us(expiry)
+      renewed[key] = {expiry, f[4]}
     end
-    found[#found + 1] = {key, e}
-    touched[#touched + 1] = {key, lru_member(key, e.depth), e.gen}
+    f[13] = string.sub(v, f[13])  -- the checksum
+    found[#found + 1] = {key, f}
+    touched[#touched + 1] = {key, lru_member(key, f[4]), f[11]}
     located[#located + 1] = key
-    out[#out + 1] = e.page
-    out[#out + 1] = e.checksum
-    out[#out + 1] = e.size
+    out[#out + 1] = f[3]
+    out[#out + 1] = f[13]
+    out[#out + 1] = f[10]
   else
     out[#out + 1] = -1
     out[#out + 1] = ''
@@ -44,10 +52,11 @@ if #found > 0 then
   local gens = lru_touch(ns, touched, nranks > 1)
   local entry_args, count_args = {}, {}
   for j, item in ipairs(found) do
-    local key, e = item[1], item[2]
-    if nranks == 1 then e.gen = gens[j] end
+    local key, f = item[1], item[2]
+    if nranks == 1 then f[11] = gens[j] end
     entry_args[#entry_args + 1] = key
-    entry_args[#entry_args + 1] = pack_entry(e)
+    entry_args[#entry_args + 1] = struct.pack(ENTRY, f[1], f[2], f[3], f[4], f[5], f[6], f[7],
+      f[8], f[9], f[10], f[11], f[12]) .. f[13]
     if nranks > 1 then
       local count, _, expiry = c_parse(counts[j])
       local renew = renewed[key]
