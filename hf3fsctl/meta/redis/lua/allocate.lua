@@ -310,7 +310,7 @@ for i, key in ipairs(new_keys) do
 end
 add_held_pages()
 call_chunked('HSET', ek, entry_args, 2)
-call_chunked('ZADD', k_pend(ns, rank), pend_args, 2)
+call_chunked('ZADD', k_pend(ns, rank), descending(pend_args), 2)
 if granted > 0 then redis.call('HINCRBY', k_rf(ns, rank), 'used', granted) end
 redis.call('HSET', k_ns(ns), 'last_used', f6(NOW))
 flush_changes()
