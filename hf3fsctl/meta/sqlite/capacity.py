@@ -38,6 +38,7 @@ finished, under the writer lock, when a store opens.
 from __future__ import annotations
 
 import logging
+import math
 import sqlite3
 from collections import defaultdict
 from collections.abc import Sequence
@@ -238,6 +239,11 @@ def _evictable_scope(
     return sorted(allowed | {namespace})
 
 
+def _pages_short(room: float, need: int, swing: float, slot: int) -> int:
+    """Pages of `slot` bytes that `room` lacks for `need` pages and a watermark swing."""
+    return max(1, math.ceil((need * slot + swing - room) / slot))
+
+
 def _fit(
     conn: sqlite3.Connection,
     row: RankFileRow,
@@ -309,8 +315,12 @@ def _fit(
             satisfied=done,
             on_free=freed,
             reason="capacity" if scope is None else "quota",
-            # One candidate scan for the whole swing (each scan sorts every entry).
-            batch=max(256, need + int(swing // row.slot) + 1),
+            # As many candidates as pages of this file are short (one scan when each
+            # victim frees a page of its size; another scan for the rest otherwise):
+            # each candidate read costs its walk and its pages' probe.
+            batch=_pages_short(
+                bounds.high * limit - expected + backed * row.slot, need, swing, row.slot
+            ),
         )
         if bounds.can_punch:
             bounds.given_back.extend(mark_give_back(conn, now, keep=mine, scope=scope))

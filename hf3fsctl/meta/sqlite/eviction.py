@@ -39,6 +39,7 @@ from typing import NamedTuple
 from hf3fsctl.meta.models import EvictRequest, EvictResult
 
 _BATCH = 256
+_IN_CHUNK = 500  # keys per IN list (well under SQLite's variable limit)
 # A key is pinned while a pin row exists that has not expired (expires 0 = no TTL).
 NOT_PINNED = (
     "NOT EXISTS (SELECT 1 FROM pins p WHERE p.namespace = e.namespace AND p.key = e.key"
@@ -217,6 +218,51 @@ def drop_expired(conn: sqlite3.Connection, namespace: str, keys: Sequence[str], 
     return len(keys)
 
 
+def _committed_pages(
+    conn: sqlite3.Connection, victims: Sequence[Victim]
+) -> dict[tuple[str, str], list[tuple[int, int, float]]]:
+    """The committed (rank, page, lease_until) of each victim, in rank order: what
+    `_drop_key` would delete and return, read in one statement per namespace."""
+    keys: dict[str, list[str]] = defaultdict(list)
+    for ns, key, _ in victims:
+        keys[ns].append(key)
+    pages: dict[tuple[str, str], list[tuple[int, int, float]]] = defaultdict(list)
+    for ns, names in keys.items():
+        for start in range(0, len(names), _IN_CHUNK):
+            chunk = names[start : start + _IN_CHUNK]
+            for key, rank, page, lease in conn.execute(
+                "SELECT key, rank, page, lease_until FROM entries INDEXED BY entries_by_key"
+                f" WHERE namespace = ? AND key IN ({','.join('?' * len(chunk))}) AND state = 1"
+                " ORDER BY key, rank",
+                (ns, *chunk),
+            ):
+                pages[(ns, key)].append((rank, page, lease))
+    return pages
+
+
+def _drop_victims(
+    conn: sqlite3.Connection,
+    victims: Sequence[Victim],
+    pages: dict[tuple[str, str], list[tuple[int, int, float]]],
+    now: float,
+) -> None:
+    """`_drop_key` of each victim, in their order (the `changes` log's order), as one
+    prepared DELETE and one free-list INSERT for all of them."""
+    conn.executemany(
+        "DELETE FROM entries INDEXED BY entries_by_key WHERE namespace = ? AND key = ?"
+        " AND state = 1",
+        [(ns, key) for ns, key, _ in victims],
+    )
+    conn.executemany(
+        "INSERT INTO free_pages (namespace, rank, page, reusable_after) VALUES (?,?,?,?)",
+        [
+            (ns, rank, page, max(now, lease))
+            for ns, key, _ in victims
+            for rank, page, lease in pages.get((ns, key), ())
+        ],
+    )
+
+
 def evict_lru(
     conn: sqlite3.Connection,
     now: float,
@@ -229,9 +275,11 @@ def evict_lru(
 ) -> int:
     """Evict LRU keys of `scope` (every rank at once) until `satisfied()`.
 
-    `on_free(namespace, rank, page)` is told of every freed page (all reusable now: the
-    candidates hold no lease). Returns how many keys were evicted; they are counted
-    under `reason`, the expired ones under "expired".
+    `on_free(namespace, rank, page)` is told of every page a victim frees (all reusable
+    now: the candidates hold no lease), victim by victim with `satisfied()` asked before
+    each, as if each were dropped alone; the chosen victims of a batch are then dropped
+    together. Returns how many keys were evicted; they are counted under `reason`, the
+    expired ones under "expired".
     """
     freed: dict[str, dict[tuple[str, int], int]] = defaultdict(lambda: defaultdict(int))
     by_namespace: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
@@ -241,15 +289,20 @@ def evict_lru(
         candidates = choose_victims(conn, now, scope, batch)
         if not candidates:
             break
-        for ns, key, expired in candidates:
+        pages = _committed_pages(conn, candidates)
+        chosen: list[Victim] = []
+        for victim in candidates:
             if satisfied():
                 break
+            ns, key, expired = victim
             why = "expired" if expired else reason
-            for rank, page in _drop_key(conn, ns, key, now):
+            for rank, page, _ in pages.get((ns, key), ()):
                 freed[why][(ns, rank)] += 1
                 on_free(ns, rank, page)
-            evicted += 1
+            chosen.append(victim)
             by_namespace[why][ns] += 1
+        _drop_victims(conn, chosen, pages, now)
+        evicted += len(chosen)
     for why, counts in by_namespace.items():
         _finish(conn, freed[why], counts, why)
     return evicted
