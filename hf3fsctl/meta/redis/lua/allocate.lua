@@ -156,7 +156,18 @@ local function take_free(count)
       kept[#kept + 1] = held[i + 1]
     end
   end
-  if #held > 0 then table.sort(pool, free_before) end
+  if #held > 0 then
+    local one_score = true
+    for _, p in ipairs(pool) do if p[2] ~= pool[1][2] then one_score = false; break end end
+    if one_score then  -- (what evictions free: all reusable now) by member, C comparisons
+      local by_member, members = {}, {}
+      for _, p in ipairs(pool) do by_member[p[1]] = p; members[#members + 1] = p[1] end
+      table.sort(members)
+      for j, m in ipairs(members) do pool[j] = by_member[m] end
+    else
+      table.sort(pool, free_before)
+    end
+  end
   local out, taken = {}, {}
   for j, p in ipairs(pool) do
     if j <= count then

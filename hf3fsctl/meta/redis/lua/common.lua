@@ -218,9 +218,10 @@ end
 
 -- The LRU index's members of `ns` in eviction order from position `from` (0-based, over
 -- every generation), at most `count`, stopping at the first last-accessed at or after
--- `below_us` (nil: none): a list of {member, last access (µs), generation}. Whole
+-- `below_us` (nil: none): a list of {member, last access (µs), generation}, or with
+-- `as_candidates` eviction candidates {ns, key, last access, member, generation}. Whole
 -- generations before `from` cost one ZCARD each.
-local function lru_slice(ns, from, count, below_us)
+local function lru_slice(ns, from, count, below_us, as_candidates)
   local out = {}
   local gi = k_gi(ns)
   local at, skip = 0, from
@@ -239,7 +240,11 @@ local function lru_slice(ns, from, count, below_us)
         for i = 1, #got, 2 do
           local score = tonumber(got[i + 1])
           if below_us and score >= below_us then return out end
-          out[#out + 1] = {got[i], score, gen}
+          if as_candidates then
+            out[#out + 1] = {ns, lru_key(got[i]), score, got[i], gen}
+          else
+            out[#out + 1] = {got[i], score, gen}
+          end
         end
         if #out >= count then return out end
       end

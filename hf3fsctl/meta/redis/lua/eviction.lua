@@ -37,11 +37,7 @@ end
 -- namespace past `from`: the oldest generations' members, already in eviction order
 -- (`lru_slice`: O(batch + the generations passed)).
 local function lru_window(ns, from, batch)
-  local out = {}
-  for _, m in ipairs(lru_slice(ns, from, batch, nil)) do
-    out[#out + 1] = {ns, lru_key(m[1]), m[2], m[1], m[3]}
-  end
-  return out
+  return lru_slice(ns, from, batch, nil, true)
 end
 
 -- The next `batch` expired keys {ns, key, expiry, member} of a namespace past `from`:
@@ -117,7 +113,7 @@ local function drop_later(d, ns, key, heads)
       if h[5] then expiring = true end
       local keys, free = d.keys[r], d.free[r]
       keys[#keys + 1] = key
-      free[#free + 1] = f6(math.max(NOW, h[3] / 1000))
+      free[#free + 1] = h[3] / 1000 > NOW and f6(h[3] / 1000) or NOW_S  -- f6(max(NOW, …))
       free[#free + 1] = h[1]
       change(ns, key, -1)
       freed[#freed + 1] = {r, h[1]}
@@ -145,6 +141,35 @@ end
 -- take them itself (`take_pages`) and add only the rest, instead of adding them all and
 -- taking them back at once; nil: every freed page goes to its free set.
 local FREE_HELD = nil
+
+-- A candidate's LRU (or `x:NS`) member with no committed entry left goes too.
+local function stale_member(d, c)
+  if c[5] then
+    local s = d.stale[c[5]]
+    if not s then s = {}; d.stale[c[5]] = s end
+    s[#s + 1] = c[4]
+  else
+    d.stale_x[#d.stale_x + 1] = c[4]
+  end
+end
+
+-- `drop_later` of a key of a one-rank namespace, from its entry's fields.
+local function drop_one_rank(d, ns, key, page, depth, lease, gen, expiring)
+  local keys, free = d.keys[0], d.free[0]
+  keys[#keys + 1] = key
+  free[#free + 1] = lease / 1000 > NOW and f6(lease / 1000) or NOW_S  -- f6(max(NOW, …))
+  free[#free + 1] = page
+  change(ns, key, -1)
+  d.complete = d.complete + 1
+  d.gone[key] = true
+  local member = lru_member(key, depth)
+  if gen > 0 then
+    local g = d.gens[gen]
+    if not g then g = {}; d.gens[gen] = g end
+    g[#g + 1] = member
+  end
+  if expiring then d.x[#d.x + 1] = member end
+end
 
 local function apply_drops(drops)
   for ns, d in pairs(drops) do
@@ -243,39 +268,52 @@ local function walk(window, names, why, satisfied, on_free, batch, need_rank, li
       local d = drops_of(drops, ns, nranks)
       -- `evictable(ns, key, nranks, true, false, need_rank)`, on the entries read
       -- (a key met twice in a round has no entries left after its drop)
-      local ok, committed, heads, gone = true, 0, {}, d.gone[key]
-      for r = 0, nranks - 1 do
-        local v = not gone and values[ns][r][key]
-        if v then
-          local state, page, depth, lease, gen, expiring = entry_head(v)
-          if state == 0 or lease > NOW_MS then ok = false; break end
-          heads[r] = {page, depth, lease, gen, expiring}
-          committed = committed + 1
-        elseif need_rank == r then
-          ok = false
-          break
-        end
-      end
-      if ok and committed == 0 then  -- a stale LRU member: no committed entry left
-        if c[5] then
-          local s = d.stale[c[5]]
-          if not s then s = {}; d.stale[c[5]] = s end
-          s[#s + 1] = c[4]
+      local gone = d.gone[key]
+      if nranks == 1 then  -- the same decisions, one entry, no tables
+        local v = not gone and values[ns][0][key]
+        local state, page, depth, lease, gen, expiring
+        if v then state, page, depth, lease, gen, expiring = entry_head(v) end
+        if (v and (state == 0 or lease > NOW_MS)) or (not v and need_rank == 0) then
+          skip[ns] = skip[ns] + 1
+        elseif not v then  -- a stale LRU member: no committed entry left
+          stale_member(d, c)
+        elseif has_pins[ns] and pins[ns][key] and pinned_value(pins[ns][key]) then
+          skip[ns] = skip[ns] + 1
         else
-          d.stale_x[#d.stale_x + 1] = c[4]
+          drop_one_rank(d, ns, key, page, depth, lease, gen, expiring)
+          on_free(ns, 0, page)
+          count_evictions(counts, ns, 1, file_slot(ns, 0))
+          evicted = evicted + 1
         end
-      elseif ok and has_pins[ns] and pins[ns][key] and pinned_value(pins[ns][key]) then
-        skip[ns] = skip[ns] + 1
-      elseif ok then
-        local bytes = 0
-        for _, fr in ipairs(drop_later(d, ns, key, heads)) do
-          bytes = bytes + file_slot(ns, fr[1])
-          on_free(ns, fr[1], fr[2])
-        end
-        count_evictions(counts, ns, 1, bytes)
-        evicted = evicted + 1
       else
-        skip[ns] = skip[ns] + 1
+        local ok, committed, heads = true, 0, {}
+        for r = 0, nranks - 1 do
+          local v = not gone and values[ns][r][key]
+          if v then
+            local state, page, depth, lease, gen, expiring = entry_head(v)
+            if state == 0 or lease > NOW_MS then ok = false; break end
+            heads[r] = {page, depth, lease, gen, expiring}
+            committed = committed + 1
+          elseif need_rank == r then
+            ok = false
+            break
+          end
+        end
+        if ok and committed == 0 then  -- a stale LRU member: no committed entry left
+          stale_member(d, c)
+        elseif ok and has_pins[ns] and pins[ns][key] and pinned_value(pins[ns][key]) then
+          skip[ns] = skip[ns] + 1
+        elseif ok then
+          local bytes = 0
+          for _, fr in ipairs(drop_later(d, ns, key, heads)) do
+            bytes = bytes + file_slot(ns, fr[1])
+            on_free(ns, fr[1], fr[2])
+          end
+          count_evictions(counts, ns, 1, bytes)
+          evicted = evicted + 1
+        else
+          skip[ns] = skip[ns] + 1
+        end
       end
     end
     apply_drops(drops)
