@@ -165,3 +165,82 @@ def test_batched_eviction_leaves_what_the_per_key_loop_left(
     assert (EXPIRING in {key for _, key, _ in evicted}) is True
     assert batched == per_key
     assert batched["problems"] == []
+
+
+def old_reusable_free(conn: sqlite3.Connection, namespace: str, rank: int, now: float) -> int:
+    """The count `capacity.reusable_free` made before issue 21: every free page read."""
+    return int(
+        conn.execute(
+            "SELECT COUNT(*) FROM free_pages WHERE namespace = ? AND rank = ?"
+            " AND reusable_after <= ? AND punched = 0",
+            (namespace, rank, now),
+        ).fetchone()[0]
+    )
+
+
+def old_taken(conn: sqlite3.Connection, namespace: str, rank: int, now: float) -> list[Any]:
+    """The free pages `capacity.take_pages` took first before issue 21 (a sort of all)."""
+    return conn.execute(
+        "SELECT page, reusable_after, punched FROM free_pages WHERE namespace = ? AND rank = ?"
+        " AND reusable_after <= ? AND punched != 2 ORDER BY punched, reusable_after",
+        (namespace, rank, now),
+    ).fetchall()
+
+
+def test_free_pages_are_counted_and_taken_as_the_full_count_and_sort_did(
+    tmp_path: Path,
+) -> None:
+    """`reusable_free` from the rank file's row less the leased and marked pages, and
+    `take_pages` by index order, agree with the scans they replaced on every rank file
+    of a store whose free pages are reusable, leased, punched and being given back."""
+    a, b, paths = build(tmp_path / "built")
+    save_while_full(tmp_path / "built", a, b, paths)  # evictions: free and punched pages
+    store = open_store(tmp_path / "built")
+    for ns, salt in ((a, "released-a"), (b, "released-b")):  # free pages holding space
+        store.release(ns, 0, store.allocate(ns, 0, keys(6, salt=salt)).allocated)
+    conn = store._conn()
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        # some pages marked to give back, some still leased
+        plain = conn.execute(
+            "SELECT namespace, rank, page FROM free_pages WHERE punched = 0 ORDER BY page"
+        ).fetchall()
+        conn.executemany(
+            f"UPDATE free_pages SET punched = {capacity.GIVING_BACK}"
+            " WHERE namespace = ? AND rank = ? AND page = ?",
+            plain[0::4],
+        )
+        conn.executemany(
+            "UPDATE free_pages SET reusable_after = reusable_after + 3600"
+            " WHERE namespace = ? AND rank = ? AND page = ?",
+            plain[1::4],
+        )
+        for ns, rank, page in plain[2::4]:  # and some punched, as holes of their file
+            conn.execute(
+                f"UPDATE free_pages SET punched = {capacity.PUNCHED}"
+                " WHERE namespace = ? AND rank = ? AND page = ?",
+                (ns, rank, page),
+            )
+            conn.execute(
+                "UPDATE rank_files SET holes = holes + 1 WHERE namespace = ? AND rank = ?",
+                (ns, rank),
+            )
+        states = conn.execute(
+            "SELECT punched, reusable_after > ? FROM free_pages", (time.time(),)
+        ).fetchall()
+        assert {(0, 0), (0, 1), (capacity.PUNCHED, 0), (capacity.GIVING_BACK, 0)} <= set(states)
+        for ns, rank in conn.execute("SELECT namespace, rank FROM rank_files").fetchall():
+            for now in (0.0, time.time(), time.time() + 7200):
+                assert capacity.reusable_free(conn, ns, rank, now) == old_reusable_free(
+                    conn, ns, rank, now
+                )
+            row = capacity.rank_file_row(conn, ns, rank)
+            assert row is not None
+            expected = old_taken(conn, ns, rank, time.time())
+            conn.execute("SAVEPOINT take")
+            taken = capacity.take_pages(conn, row, len(expected), time.time(), None)
+            conn.execute("ROLLBACK TO take")
+            assert taken == [(page, after) for page, after, _ in expected]
+    finally:
+        conn.execute("ROLLBACK")
+        store.close()
