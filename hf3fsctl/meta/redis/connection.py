@@ -115,7 +115,7 @@ def redis_client(
     if target.scheme == "redis+sentinel":
         from redis.sentinel import Sentinel
 
-        sentinel = Sentinel(  # type: ignore[no-untyped-call]
+        sentinel = Sentinel(  # type: ignore[no-untyped-call, unused-ignore]
             list(target.hosts),
             sentinel_kwargs={
                 "socket_timeout": timeout_s,
@@ -125,7 +125,7 @@ def redis_client(
             **common,
         )
         assert target.service is not None
-        return sentinel.master_for(  # type: ignore[no-untyped-call]
+        return sentinel.master_for(  # type: ignore[no-untyped-call, unused-ignore]
             target.service, redis_class=redis.Redis, **common
         )
     if target.scheme == "redis+cluster":
@@ -134,7 +134,7 @@ def redis_client(
         del common["db"], common["retry"]
         return RedisCluster(
             startup_nodes=[
-                ClusterNode(host, port)  # type: ignore[no-untyped-call]
+                ClusterNode(host, port)  # type: ignore[no-untyped-call, unused-ignore]
                 for host, port in target.hosts
             ],
             # redirections (MOVED/ASK: the script never ran) are followed; a lost
