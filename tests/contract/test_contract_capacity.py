@@ -632,3 +632,21 @@ def test_capacity_is_recorded_in_the_store_for_every_client(tier: Tier) -> None:
         17 * SLOT,
     )
     assert tier.sound() == []
+
+
+def test_one_allocation_evicts_at_most_its_need_beyond_the_limit(
+    make_tier: Callable[..., Tier],
+) -> None:
+    """A watermark swing larger than `EVICT_BEYOND_NEED` (2,048) keys is not evicted by
+    one allocation (one transaction or script holding the store): the allocation evicts
+    its own need and 2,048 more, the next ones take the rest when they need it."""
+    tier = make_tier(capacity_pages=8000)  # a swing of 0.3 x 8,000 = 2,400 pages
+    ns = tier.add()
+    held = int(0.8 * 8000)  # at the high watermark: the fill evicts nothing
+    for start in range(0, held, 500):
+        chunk = keys(min(500, held - start), start=start)
+        assert tier.put(ns, chunk, first_depth=start) == len(chunk)
+    assert tier.put(ns, keys(3, salt="new")) == 3
+    assert tier.namespace_stats(ns).evicted["capacity"][0] == 3 + 2048
+    assert tier.stored(ns) == held + 3 - (3 + 2048)
+    assert tier.sound() == []

@@ -174,3 +174,31 @@ def test_evict_criteria_combine_with_a_namespace(store: MetadataClient) -> None:
         2,
         4,
     )
+
+
+# What one allocation may evict beyond its own pages (SQLite `eviction.EVICT_BEYOND_NEED`,
+# Redis `EVICT_BEYOND_NEED` in lua/allocate.lua): a larger watermark swing is spread over
+# the allocations that follow, so no transaction holds the writer for seconds.
+EVICT_BEYOND_NEED = 2048
+
+
+def test_one_allocation_evicts_at_most_its_need_beyond_the_limit(backend: Backend) -> None:
+    from hf3fsctl.meta.sqlite.eviction import EVICT_BEYOND_NEED as sqlite_limit
+
+    assert sqlite_limit == EVICT_BEYOND_NEED
+    store = backend.open(high_watermark=0.95, low_watermark=0.5)
+    num_pages = 6000  # a swing of 0.45 x 6,000 = 2,700 pages, more than the limit
+    ns = register(store, num_pages=num_pages)
+    held = int(0.95 * num_pages)  # at the high watermark: the fill evicts nothing
+    for start in range(0, held, 500):
+        store_keys(store, ns, keys(min(500, held - start), start=start), first_depth=start)
+    store_keys(store, ns, keys(3, salt="new"))  # over the high watermark: evicts
+    (stats,) = [s for s in store.stats().namespaces if s.id == ns]
+    assert stats.evicted["file_full"][0] == 3 + EVICT_BEYOND_NEED
+    assert store.stats().pages_used == held + 3 - (3 + EVICT_BEYOND_NEED)
+    # the least recently committed chunks went (2,051 keys: chunks 0-3 and the tail of
+    # chunk 4); the rest of the swing waits for the next allocation over the watermark
+    assert store.lookup(ns, keys(2000)) == 0
+    assert store.lookup(ns, keys(500, start=2000)) == 449
+    assert store.lookup(ns, keys(held - 2500, start=2500)) == held - 2500
+    assert backend.invariants() == []

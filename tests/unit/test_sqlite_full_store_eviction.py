@@ -39,18 +39,20 @@ def per_key_evict_lru(
     on_free: Callable[[str, int, int], None],
     reason: str,
     batch: int = 256,
+    limit: int | None = None,
 ) -> int:
-    """The loop before issue 21's batching: one `_drop_key` per victim, 256 a scan."""
+    """The loop before issue 21's batching: one `_drop_key` per victim, 256 a scan (at
+    most `limit` victims, as `evict_lru`)."""
     freed: dict[str, dict[tuple[str, int], int]] = defaultdict(lambda: defaultdict(int))
     by_namespace: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
     evicted = 0
     eviction.drop_expired_pins(conn, now)
-    while not satisfied():
+    while evicted != limit and not satisfied():
         candidates = eviction.choose_victims(conn, now, scope, 256)
         if not candidates:
             break
         for ns, key, expired in candidates:
-            if satisfied():
+            if evicted == limit or satisfied():
                 break
             why = "expired" if expired else reason
             for rank, page in eviction._drop_key(conn, ns, key, now):

@@ -45,7 +45,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from hf3fsctl.meta.giveback import GiveBack
-from hf3fsctl.meta.sqlite.eviction import evict_lru, free_pages_of_rows
+from hf3fsctl.meta.sqlite.eviction import EVICT_BEYOND_NEED, evict_lru, free_pages_of_rows
 
 PUNCHED = 1  # free_pages.punched: its disk space went back to the file system
 GIVING_BACK = 2  # marked inside a transaction; punched once that transaction committed
@@ -337,6 +337,7 @@ def _fit(
             batch=_pages_short(
                 bounds.high * limit - expected + backed * row.slot, need, swing, row.slot
             ),
+            limit=need + EVICT_BEYOND_NEED,
         )
         if bounds.can_punch:
             bounds.given_back.extend(mark_give_back(conn, now, keep=mine, scope=scope))

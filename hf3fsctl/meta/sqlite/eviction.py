@@ -39,6 +39,11 @@ from typing import NamedTuple
 from hf3fsctl.meta.models import EvictRequest, EvictResult
 
 _BATCH = 256
+# Keys one allocation may evict beyond its own pages (Redis: `EVICT_BEYOND_NEED` in
+# `redis/lua/allocate.lua`): one watermark swing is 10% of the store at the defaults, and
+# evicting it in one transaction held the writer lock ~4 s at 10⁶ entries (~36 µs a key;
+# `busy_timeout` is 5 s) — a larger swing is spread over the allocations that follow.
+EVICT_BEYOND_NEED = 2048
 _IN_CHUNK = 500  # keys per IN list (well under SQLite's variable limit)
 # A key is pinned while a pin row exists that has not expired (expires 0 = no TTL).
 NOT_PINNED = (
@@ -272,8 +277,10 @@ def evict_lru(
     on_free: Callable[[str, int, int], None],
     reason: str,
     batch: int = _BATCH,
+    limit: int | None = None,
 ) -> int:
-    """Evict LRU keys of `scope` (every rank at once) until `satisfied()`.
+    """Evict LRU keys of `scope` (every rank at once) until `satisfied()`, or `limit`
+    keys went (None: no limit).
 
     `on_free(namespace, rank, page)` is told of every page a victim frees (all reusable
     now: the candidates hold no lease), victim by victim with `satisfied()` asked before
@@ -285,14 +292,15 @@ def evict_lru(
     by_namespace: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
     evicted = 0
     drop_expired_pins(conn, now)
-    while not satisfied():
-        candidates = choose_victims(conn, now, scope, batch)
+    left = limit if limit is not None else -1  # keys that may still go (-1: any)
+    while left != 0 and not satisfied():
+        candidates = choose_victims(conn, now, scope, batch if left < 0 else min(batch, left))
         if not candidates:
             break
         pages = _committed_pages(conn, candidates)
         chosen: list[Victim] = []
         for victim in candidates:
-            if satisfied():
+            if len(chosen) == left or satisfied():
                 break
             ns, key, expired = victim
             why = "expired" if expired else reason
@@ -303,6 +311,8 @@ def evict_lru(
             by_namespace[why][ns] += 1
         _drop_victims(conn, chosen, pages, now)
         evicted += len(chosen)
+        if left > 0:
+            left -= len(chosen)
     for why, counts in by_namespace.items():
         _finish(conn, freed[why], counts, why)
     return evicted
@@ -355,9 +365,15 @@ def choose_file_victims(
 
 
 def evict_for_allocation(
-    conn: sqlite3.Connection, namespace: str, rank: int, now: float, target_used: int
+    conn: sqlite3.Connection,
+    namespace: str,
+    rank: int,
+    now: float,
+    target_used: int,
+    limit: int | None = None,
 ) -> int:
-    """Evict LRU keys until `rank` holds at most `target_used` pages; returns keys evicted."""
+    """Evict LRU keys until `rank` holds at most `target_used` pages, or `limit` keys
+    went (None: no limit; expired keys first, counted too); returns keys evicted."""
     used = conn.execute(
         "SELECT used FROM rank_files WHERE namespace = ? AND rank = ?", (namespace, rank)
     ).fetchone()[0]
@@ -370,14 +386,14 @@ def evict_for_allocation(
         freed: dict[tuple[str, int], int] = defaultdict(int)
         dropped = 0
         skipped = 0
-        while used > target_used:
+        while used > target_used and evicted + dropped != limit:
             batch = choose_file_victims(
                 conn, namespace, rank, now, max(_BATCH, used - target_used), skipped, expired
             )
             if not batch:
                 break
             for (key,) in batch:
-                if used <= target_used:
+                if used <= target_used or evicted + dropped == limit:
                     break
                 if num_ranks > 1:
                     busy = conn.execute(

@@ -77,6 +77,7 @@ from hf3fsctl.meta.sqlite.committed_index import (
 )
 from hf3fsctl.meta.sqlite.database import SqliteDatabase
 from hf3fsctl.meta.sqlite.eviction import (
+    EVICT_BEYOND_NEED,
     drop_expired,
     evict_entries,
     evict_for_allocation,
@@ -493,7 +494,9 @@ class MetadataStore(SqliteDatabase, StoreCore):
                 if used + need > self.high_watermark * num_pages:  # the file itself is full
                     reclaim_expired(conn, namespace, rank, now)
                     target = int(self.low_watermark * num_pages) - need
-                    evict_for_allocation(conn, namespace, rank, now, target)
+                    evict_for_allocation(
+                        conn, namespace, rank, now, target, limit=need + EVICT_BEYOND_NEED
+                    )
                 bounds = self._bounds(conn)
                 marked = bounds.given_back
                 row = room.rank_file_row(conn, namespace, rank)
