@@ -70,6 +70,7 @@ from hf3fsctl.errors import MetadataUnavailable
 from hf3fsctl.health import ConnectorHealth
 from hf3fsctl.keys import NamespaceManifest, block_keys
 from hf3fsctl.kv_groups import FULL, MAMBA, SLIDING, GroupPlan, longest_hit
+from hf3fsctl.meta.protocol import PreparesLookups
 
 from .events import StoreEvents, block_payloads
 from .metadata import Hf3fsctlConnectorMetadata, LoadJob, RequestState, SaveJob
@@ -198,9 +199,8 @@ class SchedulerSide:
         that the first requests' inline lookups compile nothing (issue 23)."""
         try:
             client = self.guard.client()
-            warm_up = getattr(client, "prepare_lookup", None) if prepare else None
-            if warm_up is not None:
-                warm_up()
+            if prepare and isinstance(client, PreparesLookups):
+                client.prepare_lookup()
         except Exception as exc:  # the first lookup tries again (and reports it)
             logger.debug("opening metadata %s at start failed: %s", self.guard.url, exc)
 

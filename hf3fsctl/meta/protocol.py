@@ -262,6 +262,17 @@ class LocatesPages(Protocol):
 
 
 @runtime_checkable
+class PreparesLookups(Protocol):
+    """A store whose first `lookup` in a thread has one-time costs it can pay ahead (the
+    SQLite store compiles its statements): the connector's scheduler side, which answers
+    an embedded store's lookups on the engine thread, asks it when it opens the store."""
+
+    def prepare_lookup(self) -> None:
+        """Pay this thread's first `lookup`'s one-time costs now, changing nothing."""
+        ...
+
+
+@runtime_checkable
 class SavesPages(Protocol):
     """A store that can allocate and commit with plain tuples: the SQLite store, in
     process, where `Tier.save` runs on save threads that share the cores with the
