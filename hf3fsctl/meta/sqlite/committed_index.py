@@ -37,16 +37,18 @@ def prune_changes(conn: sqlite3.Connection, keep: int = KEEP_CHANGES) -> None:
 # chunk is small; later ones grow (a long hit run costs few statements).
 _FIRST_CHUNK = 64
 _MAX_CHUNK = 512
-# The IN-list sizes the probe is written for: a chunk is padded to the next one by
-# repeating its last key (IN matches a row once), so a connection compiles a handful
-# of statements, each of them once (`prepare_leading_hits`), instead of one per key
-# count on first use (~100-270 us each, issue 23).
+# The IN-list sizes the probe is written for (`padded`; compiled by `prepare_leading_hits`).
 _IN_SIZES = (8, 32, _FIRST_CHUNK, 256, _MAX_CHUNK)
 
 
-def _padded(chunk: Sequence[str]) -> Sequence[str]:
-    """`chunk` (1..`_MAX_CHUNK` keys) repeated at its end up to the next of `_IN_SIZES`."""
-    size = next(n for n in _IN_SIZES if n >= len(chunk))
+def padded(chunk: Sequence[str], sizes: Sequence[int]) -> Sequence[str]:
+    """`chunk` (1 to `sizes[-1]` keys) repeated at its end up to the next of `sizes`.
+
+    A statement's IN list is written for a few sizes, the keys padded by repeating the
+    last one (IN matches each row once), so a connection compiles a handful of
+    statements, not one per key count (a first use costs ~100-270 us more than a cached
+    one, issue 23), and they can be compiled ahead of the first request."""
+    size = next(n for n in sizes if n >= len(chunk))
     return chunk if size == len(chunk) else [*chunk, *[chunk[-1]] * (size - len(chunk))]
 
 
@@ -111,7 +113,7 @@ def leading_hits(
         if hits == total:
             break
         chunk = keys[hits : hits + size]
-        probe = _padded(chunk)
+        probe = padded(chunk, _IN_SIZES)
         marks = ",".join("?" * len(probe))
         held = {
             key: (ranks, expires_at)

@@ -71,6 +71,7 @@ from hf3fsctl.meta.sqlite import admission, namespaces, pins, schema
 from hf3fsctl.meta.sqlite import capacity as room
 from hf3fsctl.meta.sqlite.committed_index import (
     leading_hits,
+    padded,
     prepare_leading_hits,
     prune_changes,
     read_changes,
@@ -97,17 +98,9 @@ def _placeholders(n: int) -> str:
     return ",".join("?" * n)
 
 
-# The IN-list sizes the lease statement is written for: a chunk of keys is padded to the
-# next one by repeating its last key (IN matches each row once), so a connection compiles
-# a handful of statements instead of one per key count — a first use costs ~100-270 us
-# more than a cached one (36 keys, issue 23), and a step's key count varies.
+# The IN-list sizes the lease statement is written for (`committed_index.padded`; a
+# step's key count varies, and `prepare_locate_pages` compiles each size ahead).
 _IN_SIZES = (8, 32, 128, _CHUNK)
-
-
-def _padded(chunk: Sequence[str]) -> list[str]:
-    """`chunk` (1..`_CHUNK` keys) repeated at its end up to the next of `_IN_SIZES`."""
-    size = next(n for n in _IN_SIZES if n >= len(chunk))
-    return [*chunk, *[chunk[-1]] * (size - len(chunk))]
 
 
 def _lease_sql(size: int) -> str:
@@ -393,7 +386,7 @@ class MetadataStore(SqliteDatabase, StoreCore):
         with self._write() as conn:
             self._ranks_of(conn, namespace)
             # a key named twice is leased (and counted) once, as one statement would
-            for chunk in map(_padded, _chunks(list(dict.fromkeys(keys)))):
+            for chunk in (padded(c, _IN_SIZES) for c in _chunks(list(dict.fromkeys(keys)))):
                 for key, page, checksum, size, renew_s in conn.execute(
                     _lease_sql(len(chunk)), (now, now + self.lease_s, namespace, *chunk, rank, now)
                 ):
