@@ -495,22 +495,29 @@ def _admin_walk(
         after = (last_access, -negative_depth, key)
 
 
+def admin_cutoff(request: EvictRequest, now: float) -> float:
+    """The last access before which `request` evicts keys (inf: any), as of `now`."""
+    return float("inf") if request.older_than_s is None else now - request.older_than_s
+
+
 def choose_admin_victims(
-    conn: sqlite3.Connection, request: EvictRequest, now: float
+    conn: sqlite3.Connection, request: EvictRequest, now: float, before: float | None = None
 ) -> Iterator[tuple[str, str]]:
     """The eviction decision of `hf3fsctl evict`: committed keys of the request's scope
     (leased ones too; pinned ones only with `include_pinned`), LRU first, chain tails
     first among equally old keys, lazily: each namespace's LRU index walks in batches
     (`key_lru_unpinned`, and `key_lru_pinned` with `include_pinned`), merged, so
     `evict_entries` reads only as far as the request's target (O(k log n) for k keys
-    evicted). Redis: `redis/lua/evict.lua`."""
+    evicted). `before`: the last-access cutoff (default: `older_than_s` before `now`).
+    Redis: `redis/lua/evict.lua`."""
     drop_expired_pins(conn, now)
     queries = (
         _ADMIN_ALL
         if request.include_pinned
         else (ADMIN_VICTIMS.format(index="key_lru_unpinned", pins=_ADMIN_NOT_PINNED),)
     )
-    before = float("inf") if request.older_than_s is None else now - request.older_than_s
+    if before is None:
+        before = admin_cutoff(request, now)
     if request.namespace:
         names = [request.namespace]
     else:
@@ -521,12 +528,17 @@ def choose_admin_victims(
 
 
 def evict_entries(
-    conn: sqlite3.Connection, request: EvictRequest, now: float, capacity: int | None
+    conn: sqlite3.Connection,
+    request: EvictRequest,
+    now: float,
+    capacity: int | None,
+    before: float | None = None,
 ) -> EvictResult:
     """Evict committed keys by the request's criteria (the caller commits or rolls back).
 
     `target_usage` is a share of `capacity` (of the selected files' pages when the
-    store is unbounded) that the live pages are brought down to.
+    store is unbounded) that the live pages are brought down to; `before` is the
+    last-access cutoff (`admin_cutoff`, fixed by a caller that evicts in batches).
     """
     scope, args = ("WHERE namespace = ?", [request.namespace]) if request.namespace else ("", [])
     slot_bytes: dict[tuple[str, int], int] = {}
@@ -539,7 +551,7 @@ def evict_entries(
         bytes_total += next_unused * slot
     if capacity is not None:
         bytes_total = capacity
-    candidates = choose_admin_victims(conn, request, now)
+    candidates = choose_admin_victims(conn, request, now, before)
     freed: dict[tuple[str, int], int] = defaultdict(int)
     by_namespace: dict[str, int] = defaultdict(int)
     keys = pages = freed_bytes = 0
