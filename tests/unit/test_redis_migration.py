@@ -1,6 +1,6 @@
-"""The Redis store's formats: a store laid out by an older release (format 1, 2 or 3,
-written here key by key as that release wrote it) is migrated on open to format 4 and
-then answers as if it had been written by this one; a newer format is refused.
+"""The Redis store's formats: a store laid out by an older release (format 1, 2, 3 or 4,
+written here as that release wrote it) is migrated on open to format 5 and then answers
+as if it had been written by this one; a newer format is refused.
 
 Every test talks to a real `redis-server` (`helpers.redis_servers`).
 """
@@ -8,6 +8,7 @@ Every test talks to a real `redis-server` (`helpers.redis_servers`).
 from __future__ import annotations
 
 import struct
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -39,15 +40,23 @@ def raw(redis_url: str) -> Iterator[Any]:
     client.close()
 
 
+@pytest.fixture
+def binary(redis_url: str) -> Iterator[Any]:
+    """A client that leaves replies as bytes (keys are stored as bytes)."""
+    client = redis.Redis.from_url(redis_url)
+    yield client
+    client.close()
+
+
 def _open(url: str) -> RedisMetadataStore:
     return RedisMetadataStore(MetadataUrl.parse(url))
 
 
-def _register(url: str, ranks: int = 1) -> str:
+def _register(url: str, ranks: int = 1, num_pages: int = 1 << 20, model: str = "m") -> str:
     """A namespace and its rank files, as every format lays them out (unchanged since 1)."""
     store = _open(url)
     try:
-        manifest = {"model": "m", "tp_size": ranks, "pp_size": 1, "page_bytes": PAGE}
+        manifest = {"model": model, "tp_size": ranks, "pp_size": 1, "page_bytes": PAGE}
         ns = namespace_id(manifest)
         store.register_namespace(ns, manifest)
         for rank in range(ranks):
@@ -58,7 +67,7 @@ def _register(url: str, ranks: int = 1) -> str:
                     path=f"{ns}/rank-{rank}.pages",
                     page_bytes=PAGE,
                     slot_bytes=PAGE,
-                    num_pages=1 << 20,
+                    num_pages=num_pages,
                 ),
             )
         return ns
@@ -113,7 +122,7 @@ def test_an_older_store_is_migrated_on_open_and_answers_as_before(
     _write_old_store(raw, ns, ranks, fmt, now)
     store = _open(redis_url)
     try:
-        assert raw.hget(f"{P}info", "format") == "4"
+        assert raw.hget(f"{P}info", "format") == "5"
         assert store.check_invariants() == []
         assert store.lookup(ns, CHAIN) == 4
         assert store.lookup(ns, [ODD]) == 1
@@ -154,7 +163,7 @@ def test_a_migration_cut_short_is_finished_by_the_next_open(redis_url: str, raw:
     raw.xadd(f"{P}changes", {"ns": ns, "delta": "1", "keys": "\x20" + "\x01" * 32}, id="0-5")
     store = _open(redis_url)  # … so its runs, already format 3, are left alone
     try:
-        assert raw.hget(f"{P}info", "format") == "4"
+        assert raw.hget(f"{P}info", "format") == "5"
         assert raw.exists(f"{P}migrated_3") == 0
         assert store.lookup(ns, CHAIN) == 4
         assert [c.key for c in store.changes(0).changes] == ["01" * 32]
@@ -165,13 +174,13 @@ def test_a_migration_cut_short_is_finished_by_the_next_open(redis_url: str, raw:
 def test_the_store_records_its_format_and_refuses_a_newer_one(redis_url: str, raw: Any) -> None:
     store = _open(redis_url)
     try:
-        assert raw.hget(f"{P}info", "format") == "4"
-        raw.hset(f"{P}info", "format", 5)  # as a newer hf3fsctl would leave it
-        with pytest.raises(StoreFormatError, match="format 5") as refused:
+        assert raw.hget(f"{P}info", "format") == "5"
+        raw.hset(f"{P}info", "format", 6)  # as a newer hf3fsctl would leave it
+        with pytest.raises(StoreFormatError, match="format 6") as refused:
             _open(redis_url)
         assert refused.value.hint is not None and "upgrade" in refused.value.hint
     finally:
-        raw.hset(f"{P}info", "format", 4)
+        raw.hset(f"{P}info", "format", 5)
         store.close()
 
 
@@ -333,7 +342,7 @@ def test_a_format_3_store_keeps_every_entry_pin_expiry_and_its_lru_order(
     held = _write_format3_store(redis_url, ns, ranks, now)
     store = _open(redis_url)
     try:
-        assert raw.hget(f"{P}info", "format") == "4"
+        assert raw.hget(f"{P}info", "format") == "5"
         assert raw.exists(f"{P}lru:{ns}", f"{P}migrated_4") == 0
         assert int(raw.zcard(f"{P}gi:{ns}")) >= 3  # 304 keys, at most 128 a generation
         assert store.check_invariants() == []
@@ -391,10 +400,150 @@ def test_a_format_4_migration_cut_short_is_finished_by_the_next_open(
     raw.sadd(f"{P}migrated_4", done)
     store = _open(redis_url)
     try:
-        assert raw.hget(f"{P}info", "format") == "4"
+        assert raw.hget(f"{P}info", "format") == "5"
         assert raw.exists(f"{P}migrated_4", f"{P}lru:{left}") == 0
         assert store.lookup(done, CHAIN) == 4
         assert store.lookup(left, list(held)) == len(held)
+        assert store.check_invariants() == []
+    finally:
+        store.close()
+
+
+def _as_format4(url: str, ns: str) -> None:
+    """The store as format 4 left it: format 4 differs from 5 only in how it scored the
+    pending and free sets (`pend:NS:RANK`, `free:NS:RANK`): in seconds, six decimals
+    (`f6` in its `common.lua`). Those sets rescored so, and format 4 recorded."""
+    from hf3fsctl.meta.redis.codec import EPOCH_MS
+
+    binary: Any = redis.Redis.from_url(url)
+    try:
+        ranks = int(binary.hget(f"{P}ns:{ns}", "num_ranks"))
+        for rank in range(ranks):
+            for kind in ("pend", "free"):
+                key = f"{P}{kind}:{ns}:{rank}"
+                scored = binary.zrange(key, 0, -1, withscores=True)
+                if scored:
+                    binary.delete(key)
+                    seconds = {m: f"{EPOCH_MS / 1000 + s / 1e6:.6f}" for m, s in scored}
+                    binary.zadd(key, seconds)
+        binary.hset(f"{P}info", "format", 4)
+    finally:
+        binary.close()
+
+
+TIMEOUT_S = 4.0  # the writers' pending timeout in the format-4 tests
+WRITERS = [f"{i:064x}" for i in range(500, 507)]  # 7 pending keys: with the leased page, 8
+LATE = "99" * 32  # a key allocated on the full file after the migration
+
+
+def _fill_with_writers(store: RedisMetadataStore, ns: str) -> tuple[int, list[int]]:
+    """CHAIN committed, its head located (an hour's lease), every key evicted, then
+    WRITERS allocated: the 8-page file is full of pending pages and a freed page whose
+    lease has not ended. Returns the leased page and the writers' pages."""
+    granted = store.allocate(ns, 0, CHAIN).allocated
+    store.commit(
+        ns, 0, [CommitItem(key=a.key, page=a.page, checksum=CHECKSUM, size=PAGE) for a in granted]
+    )
+    head = store.locate(ns, 0, [CHAIN[0]])[0]
+    assert head is not None
+    assert store.evict(EvictRequest(namespace=ns, all=True)).keys == len(CHAIN)
+    pending = store.allocate(ns, 0, WRITERS)
+    pages = [a.page for a in pending.allocated]
+    assert len(pages) == len(WRITERS) and head.page not in pages
+    return head.page, pages
+
+
+def _writers_store(url: str) -> RedisMetadataStore:
+    return RedisMetadataStore(MetadataUrl.parse(url), lease_s=3600.0, pending_timeout_s=TIMEOUT_S)
+
+
+def test_a_format_4_store_keeps_its_writers_deadlines_and_leased_free_pages(
+    redis_url: str, raw: Any, binary: Any
+) -> None:
+    """Format 4 → 5 rescores the pending and free sets to whole µs, the same times: on
+    the full file a writer's page is reclaimed only once its deadline passed, and a freed
+    page is not reused before its lease ends (a set left in seconds would give both at
+    once: every score in seconds is far below NOW in µs)."""
+    ns = _register(redis_url, num_pages=8)
+    writer = _writers_store(redis_url)
+    try:
+        leased, pages = _fill_with_writers(writer, ns)
+    finally:
+        writer.close()
+    pend, free = f"{P}pend:{ns}:0", f"{P}free:{ns}:0"
+    written = dict(binary.zrange(pend, 0, -1, withscores=True))  # µs, as format 5 writes them
+    lease_end = raw.zscore(free, leased)
+    _as_format4(redis_url, ns)
+    assert max(binary.zrange(pend, 0, -1, withscores=True), key=lambda m: m[1])[1] < 1e10
+    store = _writers_store(redis_url)
+    try:
+        assert raw.hget(f"{P}info", "format") == "5"
+        assert raw.exists(f"{P}migrated_5") == 0
+        assert store.check_invariants() == []
+        rescored = dict(binary.zrange(pend, 0, -1, withscores=True))
+        assert rescored.keys() == written.keys()
+        for key, score in rescored.items():
+            assert score == int(score) and abs(score - written[key]) <= 1, key
+        assert raw.zscore(free, leased) == pytest.approx(lease_end, abs=1)
+        # before the writers' deadline: nothing to reclaim, the leased page not reusable
+        assert store.allocate(ns, 0, [LATE]).no_space == [LATE]
+        pending = {e.key for e in store.list_entries(ns) if e.state == "pending"}
+        assert pending == set(WRITERS)
+        seconds, micros = raw.time()
+        from hf3fsctl.meta.redis.codec import EPOCH_MS
+
+        now_us = (seconds - EPOCH_MS // 1000) * 1_000_000 + micros
+        time.sleep((max(written.values()) - now_us) / 1e6 + 0.3)
+        late = store.allocate(ns, 0, [LATE]).allocated  # the dead writers' pages reclaimed
+        assert [a.key for a in late] == [LATE] and late[0].page in pages
+        pending = {e.key for e in store.list_entries(ns) if e.state == "pending"}
+        assert pending == {LATE}
+        assert raw.zscore(free, leased) == pytest.approx(lease_end, abs=1)  # still leased
+        assert store.check_invariants() == []
+    finally:
+        store.close()
+
+
+def test_a_format_5_migration_cut_short_is_finished_by_the_next_open(
+    redis_url: str, raw: Any, binary: Any
+) -> None:
+    """A process that died after rescoring one namespace left format 4 recorded and that
+    namespace in `migrated_5`: the next open leaves its sets as they are and rescores
+    the other's; the doctor finds a set still in seconds."""
+    done = _register(redis_url, num_pages=8)
+    writer = _writers_store(redis_url)
+    try:
+        _fill_with_writers(writer, done)
+    finally:
+        writer.close()
+    left = _register(redis_url, num_pages=8, model="m2")
+    writer = _writers_store(redis_url)
+    try:
+        _fill_with_writers(writer, left)
+        assert writer.check_invariants() == []
+    finally:
+        writer.close()
+    kept = {k: binary.zrange(f"{P}{k}:{done}:0", 0, -1, withscores=True) for k in ("pend", "free")}
+    _as_format4(redis_url, left)
+    raw.sadd(f"{P}migrated_5", done)
+    raw.hset(f"{P}info", "format", 5)  # format 4's sets, as if format 5's: the doctor sees
+    doctor = _writers_store(redis_url)
+    try:
+        problems = " ".join(doctor.check_invariants())
+        assert "free pages scored other than in whole µs" in problems
+        assert "pending index's deadline" in problems
+    finally:
+        doctor.close()
+    raw.hset(f"{P}info", "format", 4)
+    store = _open(redis_url)
+    try:
+        assert raw.hget(f"{P}info", "format") == "5"
+        assert raw.exists(f"{P}migrated_5") == 0
+        for k, scored in kept.items():
+            assert binary.zrange(f"{P}{k}:{done}:0", 0, -1, withscores=True) == scored
+        for k in ("pend", "free"):
+            scores = [s for _, s in binary.zrange(f"{P}{k}:{left}:0", 0, -1, withscores=True)]
+            assert scores and all(s == int(s) and s > 1e11 for s in scores)
         assert store.check_invariants() == []
     finally:
         store.close()

@@ -6,13 +6,13 @@
 `lua/common.lua` prepended), run atomically by Redis in one round trip; `lookup` is one
 pipelined round trip of a native `HMGET` and a counter script.
 
-Key layout, format 4 (every key starts with the prefix `{hf3fsctl}:`, one hash tag). A
+Key layout, format 5 (every key starts with the prefix `{hf3fsctl}:`, one hash tag). A
 block key is stored as bytes (`codec.encode_key`: 64 hex digits are 32 bytes), in every
 field and member below that names a key:
 
 | key | type | holds |
 | --- | --- | --- |
-| `info` | hash | `format` (the layout below: `migration.FORMAT`; formats 1, 2 and 3 are migrated on open, a newer one is refused), `capacity_bytes` (the store's one budget) |
+| `info` | hash | `format` (the layout below: `migration.FORMAT`; formats 1 to 4 are migrated on open, a newer one is refused), `capacity_bytes` (the store's one budget) |
 | `namespaces` | zset | namespace id → created |
 | `manifests` | hash | namespace id → canonical manifest JSON |
 | `ns:NS` | hash | `num_ranks`, `model`, `key_bytes`, `keys` (committed on every rank), `gen` (the last LRU generation id issued), traffic counters, `admission_skipped`, `created`, `last_used` |
@@ -20,8 +20,8 @@ field and member below that names a key:
 | `files` | set | `NS:RANK` of every registered page file |
 | `rf:NS:RANK` | hash | the page file: `path`, `page_bytes`, `slot`, `num_pages`, `prealloc`, `next_unused`, `used`, `holes` |
 | `e:NS:RANK` | hash | key → entry, packed (`struct` `<BI7I5I2I5I5I3I5I5I4I5f`, then the checksum, `codec.py`): flags (committed, renew on read), until (a pending entry's writer deadline, a committed one's expiry; µs), page, depth (saturates at 65,535, as the LRU member's), created, last_access, hits, lease_until, page_free_at, size (≤ 2³² − 1), the key's LRU generation (one rank; 0 with more: `c:NS` holds it), retention; times in ms from 2025-01-01; 60 bytes with an xxh3 checksum (9 bytes), one 64-byte allocation. A one-rank namespace's `lookup` reads it directly (flags and expiry lead) |
-| `pend:NS:RANK` | zset | pending key → writer deadline |
-| `free:NS:RANK` | zset | free page that holds its space → reusable after (the freed entry's lease) |
+| `pend:NS:RANK` | zset | pending key → writer deadline (µs from 2025-01-01, an integer: its entry's until) |
+| `free:NS:RANK` | zset | free page that holds its space → reusable after (the freed entry's lease; µs from 2025-01-01, an integer) |
 | `give:NS:RANK` | zset | page marked to give back → when marked (punch, then settle) |
 | `holes:NS:RANK` | zset | page whose space was punched back → when |
 | `c:NS` | hash | only with 2+ ranks: key → `"RANKS GEN"` or `"RANKS GEN EXPIRY_MS"` (ranks committed, the key's LRU generation, the earliest expiry among them; `lookup` reads it with a native `HMGET`) |

@@ -67,6 +67,7 @@ SCRIPTS = (
     "marks",
     "migrate_format3",
     "migrate_format4",
+    "migrate_format5",
     "migrate_lru",
     "pin",
     "register_namespace",

@@ -10,6 +10,9 @@ empty store, older formats migrated on open, newer ones refused.
   `lru_touch`): entries rewritten with their key's generation (page and size in 4 bytes,
   depth and hits in 3), `c:NS` values with it, `lru:NS` replaced by generations filled in
   its order.
+- Format 4 → 5 (`lua/migrate_format5.lua`): the pending and free sets scored in whole µs
+  since 2025-01-01 instead of seconds with six decimals (integer scores are what a small
+  sorted set's listpack inserts cheaply), the same times.
 
 Each step is one atomic script per namespace (and one for the change log) that records
 what it finished in a set, so a process that dies midway leaves the old format recorded
@@ -30,8 +33,8 @@ from hf3fsctl.errors import MetadataUnavailable, StoreFormatError
 logger = logging.getLogger(__name__)
 
 # The Redis store's key layout (hf3fsctl/meta/redis/__init__.py), as `info.format`.
-FORMAT = 4
-MIGRATABLE = (1, 2, 3)
+FORMAT = 5
+MIGRATABLE = (1, 2, 3, 4)
 
 
 @dataclass(frozen=True)
@@ -72,7 +75,9 @@ def check_format(store: StoreAccess) -> None:
             _migrate(store, "migrate_lru", "migrated_lru", "LRU index rebuilt", 2)
         if stored <= 2:
             _migrate(store, "migrate_format3", "migrated_3", "keys and entries packed", 3)
-        _migrate(store, "migrate_format4", "migrated_4", "LRU moved to generations", 4)
+        if stored <= 3:
+            _migrate(store, "migrate_format4", "migrated_4", "LRU moved to generations", 4)
+        _migrate(store, "migrate_format5", "migrated_5", "pending and free sets in µs", 5)
         return
     newer = stored > FORMAT
     raise StoreFormatError(

@@ -45,6 +45,16 @@ def _members(client: Redis, key: str) -> list[str]:
     return [member for member, _ in client.zscan_iter(key, count=1000)]
 
 
+def _scores(client: Redis, key: str) -> dict[str, float]:
+    """`_members`, each with its score."""
+    return dict(client.zscan_iter(key, count=1000))
+
+
+# Format 5 scores the pending and free sets in whole µs since `EPOCH_MS`; format 4's
+# seconds (below 1e11 until the year 5138) are a store left half migrated.
+_SCORE_US_MIN = 1e11
+
+
 def _newest_access(client: Redis, prefix: str, ns: str) -> float | None:
     """When a key of `ns` was last touched (s): the newest LRU generation's last member."""
     newest = client.zrange(f"{prefix}gi:{ns}", -1, -1)
@@ -381,10 +391,11 @@ def invariants(client: Redis, prefix: str) -> list[str]:
                 problems.append(f"rank file {ns} rank {rank} is missing from the file set")
             num_pages, next_unused = int(rf["num_pages"]), int(rf["next_unused"])
             slot = int(rf["slot"])
-            free = {int(p) for p in _members(client, f"{prefix}free:{ns}:{rank}")}
+            free_at = _scores(client, f"{prefix}free:{ns}:{rank}")
+            free = {int(p) for p in free_at}
             holes = {int(p) for p in _members(client, f"{prefix}holes:{ns}:{rank}")}
             marked = {int(p) for p in _members(client, f"{prefix}give:{ns}:{rank}")}
-            pending = _members(client, f"{prefix}pend:{ns}:{rank}")
+            pending = _scores(client, f"{prefix}pend:{ns}:{rank}")
             owners: dict[int, list[str]] = defaultdict(list)
             for key, e in entries.items():
                 name = decode_key(key)
@@ -458,6 +469,17 @@ def invariants(client: Redis, prefix: str) -> list[str]:
             if set(pending) != want_pending:
                 problems.append(
                     f"rank file {ns} rank {rank}: pending index differs from its entries"
+                )
+            for key, score in pending.items():  # the entry's `until`, in µs (±1: migrated)
+                entry = entries.get(key)
+                if entry and abs(score - round((entry["deadline"] * 1000 - EPOCH_MS) * 1000)) > 1:
+                    problems.append(
+                        f"pending entry {ns}/{decode_key(key)} rank {rank}: the pending "
+                        f"index's deadline ({score}) differs from its entry's"
+                    )
+            if any(s < _SCORE_US_MIN or s != int(s) for s in free_at.values()):
+                problems.append(
+                    f"rank file {ns} rank {rank}: free pages scored other than in whole µs"
                 )
             if rf["prealloc"] == "1":
                 held_bytes += num_pages * slot

@@ -21,7 +21,9 @@ local ek = k_e(ns, rank)
 
 local allocated, existing, new_keys, depth_of = {}, {}, {}, {}
 local deadline = NOW + pending_timeout
-local deadline_s = f6(deadline)
+-- the deadline as the entries hold it (µs since EPOCH_MS), and so as the pending set's score
+local deadline_raw = to_epoch_us(ms(deadline))
+local deadline_s = string.format('%d', deadline_raw)
 local wanted = {}
 for i = at, #ARGV, 2 do
   wanted[#wanted + 1] = ARGV[i]
@@ -118,17 +120,16 @@ end
 -- `take_pages` has taken what it needs from them and its free set together, in the free
 -- set's own order; the rest join the set at the end (`add_held_pages`).
 FREE_HELD = {ns, rank, {}}
-local NOW_N = tonumber(f6(NOW))  -- the bound every reusable page's score is compared with
 
 local function held_reusable()
   local n = 0
   local held = FREE_HELD[3]
-  for i = 1, #held, 2 do if tonumber(held[i]) <= NOW_N then n = n + 1 end end
+  for i = 1, #held, 2 do if tonumber(held[i]) <= NOW_US then n = n + 1 end end
   return n
 end
 
 local function reusable_free()
-  return redis.call('ZCOUNT', k_free(ns, rank), '-inf', f6(NOW)) + held_reusable()
+  return redis.call('ZCOUNT', k_free(ns, rank), '-inf', NOW_SCORE) + held_reusable()
 end
 
 -- Whether free page `a` {page, score, …} comes before `b` in a free set (by score, then
@@ -139,17 +140,18 @@ local function free_before(a, b)
 end
 
 -- The `count` first reusable pages of this file's free set and the held ones together,
--- taken: {page, reusable after} in the set's order.
+-- taken: {page, reusable after (ms since EPOCH_MS, as an entry's page_free_at)} in the
+-- set's order.
 local function take_free(count)
   local fk = k_free(ns, rank)
-  local got = redis.call('ZRANGEBYSCORE', fk, '-inf', f6(NOW), 'WITHSCORES', 'LIMIT', 0, count)
+  local got = redis.call('ZRANGEBYSCORE', fk, '-inf', NOW_SCORE, 'WITHSCORES', 'LIMIT', 0, count)
   local pool = {}
   for i = 1, #got, 2 do pool[#pool + 1] = {got[i], tonumber(got[i + 1]), true} end
   local held = FREE_HELD[3]
   local kept = {}  -- held pages not taken, as ZADD arguments
   for i = 1, #held, 2 do
     local score = tonumber(held[i])
-    if score <= NOW_N then
+    if score <= NOW_US then
       pool[#pool + 1] = {string.format('%d', held[i + 1]), score, false, held[i]}
     else
       kept[#kept + 1] = held[i]
@@ -171,7 +173,7 @@ local function take_free(count)
   local out, taken = {}, {}
   for j, p in ipairs(pool) do
     if j <= count then
-      out[#out + 1] = {tonumber(p[1]), p[2]}
+      out[#out + 1] = {tonumber(p[1]), math.floor(p[2] / 1000)}
       if p[3] then taken[#taken + 1] = p[1] end
     elseif not p[3] then
       kept[#kept + 1] = p[4]
@@ -249,7 +251,7 @@ local function take_pages(count, cap)
       local hs = redis.call('ZRANGEBYSCORE', hk, '-inf', f6(NOW), 'WITHSCORES', 'LIMIT', 0, want)
       local reused = {}
       for i = 1, #hs, 2 do
-        out[#out + 1] = {tonumber(hs[i]), tonumber(hs[i + 1])}
+        out[#out + 1] = {tonumber(hs[i]), to_epoch(ms(tonumber(hs[i + 1])))}
         reused[#reused + 1] = hs[i]
         reused_holes = reused_holes + 1
       end
@@ -301,14 +303,13 @@ local no_space = {}
 local granted = 0
 -- a new pending entry, packed as `pack_entry` packs {state = 0, page, depth, created and
 -- last access NOW, until the deadline, free at the page's reusable time, the rest 0}
-local deadline_raw, now_raw = to_epoch_us(ms(deadline)), to_epoch(NOW_MS)
+local now_raw = to_epoch(NOW_MS)
 for i, key in ipairs(new_keys) do
   local p = pages[i]
   if p == nil then
     no_space[#no_space + 1] = key
   else
-    local freeat = 0
-    if p[2] > 0 then freeat = to_epoch(ms(p[2])) end
+    local freeat = p[2]
     entry_args[#entry_args + 1] = key
     entry_args[#entry_args + 1] = struct.pack(ENTRY, 0, deadline_raw, p[1],
       math.min(depth_of[key], U16), now_raw, now_raw, 0, 0, freeat, 0, 0, 0)

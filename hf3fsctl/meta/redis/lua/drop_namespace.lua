@@ -17,7 +17,7 @@ local paths = {}
 for r = 0, nranks - 1 do
   local path = redis.call('HGET', k_rf(ns, r), 'path')
   if path then paths[#paths + 1] = path end
-  writing = writing + redis.call('ZCOUNT', k_pend(ns, r), f6(NOW), '+inf')
+  writing = writing + redis.call('ZCOUNT', k_pend(ns, r), NOW_SCORE, '+inf')
 end
 if writing > 0 or dry then return {keys, bytes, paths, writing} end
 for r = 0, nranks - 1 do

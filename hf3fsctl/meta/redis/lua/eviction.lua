@@ -113,7 +113,7 @@ local function drop_later(d, ns, key, heads)
       if h[5] then expiring = true end
       local keys, free = d.keys[r], d.free[r]
       keys[#keys + 1] = key
-      free[#free + 1] = h[3] / 1000 > NOW and f6(h[3] / 1000) or NOW_S  -- f6(max(NOW, …))
+      free[#free + 1] = free_score(h[3])
       free[#free + 1] = h[1]
       change(ns, key, -1)
       freed[#freed + 1] = {r, h[1]}
@@ -157,7 +157,7 @@ end
 local function drop_one_rank(d, ns, key, page, depth, lease, gen, expiring)
   local keys, free = d.keys[0], d.free[0]
   keys[#keys + 1] = key
-  free[#free + 1] = lease / 1000 > NOW and f6(lease / 1000) or NOW_S  -- f6(max(NOW, …))
+  free[#free + 1] = free_score(lease)
   free[#free + 1] = page
   change(ns, key, -1)
   d.complete = d.complete + 1

@@ -10,7 +10,7 @@ for i = 3, #ARGV, 2 do
   if e and e.state == 0 and e.page == page then
     redis.call('HDEL', ek, key)
     redis.call('ZREM', pk, key)
-    free_page(ns, rank, page, NOW)
+    free_page(ns, rank, page, NOW_SCORE)
     released = released + 1
   end
 end

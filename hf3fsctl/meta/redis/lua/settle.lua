@@ -15,7 +15,7 @@ while i <= #ARGV do
       if ok then
         redis.call('ZADD', k_holes(ns, r), f6(NOW), page)
       else
-        redis.call('ZADD', k_free(ns, r), f6(NOW), page)
+        redis.call('ZADD', k_free(ns, r), NOW_SCORE, page)
       end
       moved = moved + 1
     end
