@@ -194,3 +194,19 @@ def store_written(
         if rank == 0:
             granted = len(result.allocated)
     return granted
+
+
+def sqlite_compiles(store: Any) -> list[tuple[int, str | None]]:
+    """What SQLite compiles on this thread's connection of a `MetadataStore` from now on:
+    one (action, table) per authorizer call (a statement found in the connection's
+    cache is not compiled again, so it adds none)."""
+    import sqlite3
+
+    seen: list[tuple[int, str | None]] = []
+
+    def authorize(action: int, arg1: str | None, *_: Any) -> int:
+        seen.append((action, arg1))
+        return sqlite3.SQLITE_OK
+
+    store._conn().set_authorizer(authorize)
+    return seen

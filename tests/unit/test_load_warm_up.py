@@ -16,24 +16,18 @@ from typing import Any
 
 import numpy as np
 import pytest
-from helpers.meta_builders import PAGE_BYTES, keys, register, register_growable, store_keys
+from helpers.meta_builders import (
+    PAGE_BYTES,
+    keys,
+    register,
+    register_growable,
+    sqlite_compiles,
+    store_keys,
+)
 
 from hf3fsctl.meta.sqlite.store import MetadataStore
 from hf3fsctl.storage.posix import PosixEngine
 from hf3fsctl.tier import LOADED, StagingRows, Tier
-
-
-def _compiles(store: MetadataStore) -> list[tuple[int, str | None]]:
-    """What SQLite compiles on this thread's connection of `store` from now on: one
-    (action, table) per authorizer call."""
-    seen: list[tuple[int, str | None]] = []
-
-    def authorize(action: int, arg1: str | None, *_: Any) -> int:
-        seen.append((action, arg1))
-        return sqlite3.SQLITE_OK
-
-    store._conn().set_authorizer(authorize)
-    return seen
 
 
 def _what_a_reader_sees(path: Path) -> tuple[Any, ...]:
@@ -82,7 +76,7 @@ def test_the_first_locate_after_it_compiles_no_statement(tmp_path: Path) -> None
     store.close()
     # a fresh store object: a fresh connection, as in a process that just started
     fresh = MetadataStore(tmp_path / "m.db")
-    compiled = _compiles(fresh)
+    compiled = sqlite_compiles(fresh)
     fresh.prepare_locate_pages(ns, 0)
     assert "entries" in {table for _, table in compiled}, compiled  # it did compile them
     compiled.clear()
@@ -101,7 +95,7 @@ def test_without_it_the_first_locate_compiles_the_lease_statement(tmp_path: Path
     store_keys(store, ns, chain)
     store.close()
     fresh = MetadataStore(tmp_path / "m.db")
-    compiled = _compiles(fresh)
+    compiled = sqlite_compiles(fresh)
     fresh.locate_pages(ns, 0, chain)
     assert (sqlite3.SQLITE_UPDATE, "entries") in compiled
     fresh.close()
@@ -141,7 +135,7 @@ def test_a_warmed_up_tier_loads_without_compiling(
     tier_over_store: tuple[Tier, MetadataStore, list[str]],
 ) -> None:
     tier, store, chain = tier_over_store
-    compiled = _compiles(store)
+    compiled = sqlite_compiles(store)
     tier.warm_up()
     assert compiled
     compiled.clear()

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers.meta_builders import commit_items, keys, register, store_keys
+from helpers.meta_builders import commit_items, keys, register, sqlite_compiles, store_keys
 
 from hf3fsctl.meta.sqlite import committed_index
 from hf3fsctl.meta.sqlite.lookup_cache import CommittedKeyCache
@@ -26,18 +26,6 @@ from hf3fsctl.meta.sqlite.store import MetadataStore
 
 STORED = 1_000
 SIZES = [1, 9, 18, 64, 65, 200, 1_000]
-
-
-def _compiles(store: MetadataStore) -> list[tuple[int, str | None]]:
-    """What SQLite compiles on this thread's connection of `store` from now on."""
-    seen: list[tuple[int, str | None]] = []
-
-    def authorize(action: int, arg1: str | None, *_: Any) -> int:
-        seen.append((action, arg1))
-        return sqlite3.SQLITE_OK
-
-    store._conn().set_authorizer(authorize)
-    return seen
 
 
 @pytest.fixture(scope="module")
@@ -96,14 +84,14 @@ def test_expired_keys_end_a_padded_lookup(tmp_path: Path) -> None:
     store.close()
 
 
-def test_after_prepare_lookup_no_first_lookup_compiles(
+def test_after_prepare_lookup_no_first_lookupsqlite_compiles(
     stored: tuple[Path, str, list[str]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     path, ns, chain = stored
     fresh = MetadataStore(path)  # a fresh connection, as in a process that just started
     # the lookup counters' once-a-second write is not a lookup's statement
     monkeypatch.setattr(fresh, "_flush_if_free", lambda: None)
-    compiled = _compiles(fresh)
+    compiled = sqlite_compiles(fresh)
     fresh.prepare_lookup()
     assert "key_lru" in {table for _, table in compiled}, compiled  # it did compile them
     compiled.clear()
@@ -118,7 +106,7 @@ def test_without_it_a_first_lookup_compiles_its_probe(stored: tuple[Path, str, l
     """The control of the test above: the authorizer does see a cold lookup's compile."""
     path, ns, chain = stored
     fresh = MetadataStore(path)
-    compiled = _compiles(fresh)
+    compiled = sqlite_compiles(fresh)
     assert fresh.lookup(ns, chain[:9]) == 9
     assert (sqlite3.SQLITE_READ, "key_lru") in compiled
     fresh.close()
@@ -162,7 +150,7 @@ def test_prepare_lookup_changes_nothing_stored_or_cached(tmp_path: Path) -> None
 def test_a_read_only_store_prepares_its_lookups_too(stored: tuple[Path, str, list[str]]) -> None:
     path, ns, chain = stored
     reader = MetadataStore(path, read_only=True)
-    compiled = _compiles(reader)
+    compiled = sqlite_compiles(reader)
     reader.prepare_lookup()  # a read transaction: a reader looks up as a writer does
     compiled.clear()
     assert reader.lookup(ns, chain[:18]) == 18
