@@ -18,17 +18,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers.meta_builders import PAGE_BYTES as PAGE
+from helpers.meta_builders import commit_items, rank_file
 from helpers.redis_servers import redis_session_server, redis_url
 
 from hf3fsctl.config import MetadataUrl
 from hf3fsctl.keys import namespace_id
-from hf3fsctl.meta.models import CommitItem, RankFile
 from hf3fsctl.meta.redis import RedisMetadataStore
 from hf3fsctl.meta.sqlite.store import MetadataStore
 
 __all__ = ["redis_session_server", "redis_url"]  # fixtures used here
 
-PAGE = 4096
 PAGES = 48  # what the store holds: every few saves evict
 EXPIRY_S = 0.2  # retention of the entries that expire during a run
 
@@ -39,16 +39,7 @@ def _register(store: Any, ranks: int, full: str) -> str:
     store.register_namespace(ns, manifest)
     num_pages = PAGES if full == "file" else 1 << 20
     for rank in range(ranks):
-        store.register_rank(
-            ns,
-            RankFile(
-                rank=rank,
-                path=f"{ns}/rank-{rank:04d}.pages",
-                page_bytes=PAGE,
-                slot_bytes=PAGE,
-                num_pages=num_pages,
-            ),
-        )
+        store.register_rank(ns, rank_file(ns, rank, num_pages))
     if full == "capacity":
         store.set_capacity(PAGES * ranks * PAGE)
     return ns
@@ -86,20 +77,7 @@ def _step(
             result = store.allocate(ns, rank, keys, first_depth=first_depth)
             got.append((sorted(a.key for a in result.allocated), sorted(result.no_space)))
             if rank != pending_rank:
-                store.commit(
-                    ns,
-                    rank,
-                    [
-                        CommitItem(
-                            key=a.key,
-                            page=a.page,
-                            checksum="xxh3:00",
-                            size=PAGE,
-                            retention_s=retention,
-                        )
-                        for a in result.allocated
-                    ],
-                )
+                store.commit(ns, rank, commit_items(result.allocated, retention_s=retention))
         answers.append(got)
     saved.extend(keys)
     return answers
