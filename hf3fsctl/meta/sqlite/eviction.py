@@ -292,15 +292,15 @@ def evict_lru(
     by_namespace: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
     evicted = 0
     drop_expired_pins(conn, now)
-    left = limit if limit is not None else -1  # keys that may still go (-1: any)
-    while left != 0 and not satisfied():
-        candidates = choose_victims(conn, now, scope, batch if left < 0 else min(batch, left))
+    while evicted != limit and not satisfied():
+        want = batch if limit is None else min(batch, limit - evicted)
+        candidates = choose_victims(conn, now, scope, want)
         if not candidates:
             break
         pages = _committed_pages(conn, candidates)
         chosen: list[Victim] = []
         for victim in candidates:
-            if len(chosen) == left or satisfied():
+            if evicted + len(chosen) == limit or satisfied():
                 break
             ns, key, expired = victim
             why = "expired" if expired else reason
@@ -311,8 +311,6 @@ def evict_lru(
             by_namespace[why][ns] += 1
         _drop_victims(conn, chosen, pages, now)
         evicted += len(chosen)
-        if left > 0:
-            left -= len(chosen)
     for why, counts in by_namespace.items():
         _finish(conn, freed[why], counts, why)
     return evicted
