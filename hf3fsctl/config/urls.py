@@ -26,7 +26,9 @@ class MetadataUrl(BaseModel):
       `redis+sentinel://[USER[:PASSWORD]@]HOST:PORT[,HOST:PORT…]/SERVICE[/DB]`: the master
       of `SERVICE` as Redis Sentinels report it (`hosts` are the sentinels);
       `redis+cluster://[USER[:PASSWORD]@]HOST:PORT[,HOST:PORT…]`: a Redis Cluster (`hosts`
-      are startup nodes; no database: a cluster has only 0). The password
+      are startup nodes; no database: a cluster has only 0), with `?shards=N` a store
+      split into N one-slot shards (`meta/redis/sharded.py`; 1, the default, is one
+      slot). The password
       is `password` only: `url` and `repr` show it as `***`, so logging either is safe.
     """
 
@@ -42,6 +44,7 @@ class MetadataUrl(BaseModel):
     service: str | None = None  # redis+sentinel: the monitored master's name
     username: str | None = None
     password: str | None = Field(default=None, repr=False)
+    shards: int = 1  # redis+cluster: how many one-slot shards the store is split into
 
     @property
     def embedded(self) -> bool:
@@ -85,7 +88,8 @@ class MetadataUrl(BaseModel):
     def _parse_redis(cls, match: re.Match[str], key: str) -> MetadataUrl:
         from urllib.parse import unquote
 
-        scheme, userinfo, hosts_text, rest = match.groups()
+        scheme, userinfo, hosts_text, rest, query = match.groups()
+        shards = _shards(query, scheme, _redact(match.group(0)), key)
         username = password = None
         if userinfo is not None:
             user, sep, secret = userinfo.partition(":")
@@ -133,12 +137,40 @@ class MetadataUrl(BaseModel):
             service=service,
             username=username,
             password=password,
+            shards=shards,
         )
 
 
 _REDIS_RE = re.compile(
-    r"(redis|rediss|redis\+sentinel|redis\+cluster)://(?:([^@/\s]*)@)?([^@/\s]+)(/\S*)?"
+    r"(redis|rediss|redis\+sentinel|redis\+cluster)://(?:([^@/\s]*)@)?([^@/?\s]+)(/[^?\s]*)?(\?\S*)?"
 )
+
+
+MAX_SHARDS = 1024
+
+
+def _shards(query: str | None, scheme: str, shown: str, key: str) -> int:
+    """The `?shards=N` of a Redis Cluster URL (1 without one)."""
+    if not query or query == "?":
+        return 1
+    name, sep, value = query[1:].partition("=")
+    if name != "shards" or not sep or "&" in value:
+        raise ConfigError(
+            f"{key}: {shown!r}: unknown option {query[1:]!r}",
+            hint="the one option of a Redis URL is ?shards=N (redis+cluster:// only)",
+        )
+    if scheme != "redis+cluster":
+        raise ConfigError(
+            f"{key}: {shown!r}: ?shards= needs redis+cluster:// (shards are spread over a "
+            "cluster's masters; one server would gain nothing)",
+            hint="use redis+cluster://HOST:PORT[,HOST:PORT]?shards=N, or drop ?shards=",
+        )
+    if not value.isdigit() or not 1 <= int(value) <= MAX_SHARDS:
+        raise ConfigError(
+            f"{key}: {shown!r}: shards must be a whole number in 1..{MAX_SHARDS}, got {value!r}",
+            hint="a few shards per cluster master, e.g. ?shards=16 on 4 masters",
+        )
+    return int(value)
 
 
 def _redact(url: str) -> str:

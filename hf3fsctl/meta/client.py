@@ -9,7 +9,9 @@
 - `redis://HOST:PORT/DB`, `rediss://…`, `redis+sentinel://HOST:PORT[,…]/SERVICE[/DB]`,
   `redis+cluster://HOST:PORT[,…]` →
   `RedisMetadataStore` (`meta/redis/`): the store itself, shared by every process that
-  names the same Redis (one Lua script per call; no server of ours in between).
+  names the same Redis (one Lua script per call; no server of ours in between);
+  `redis+cluster://…?shards=N` → `ShardedRedisStore` (`meta/redis/sharded.py`): that
+  store split into N one-slot shards over the cluster's masters.
 
 The protocols these return are declared once, in `meta/protocol.py` (`MetadataClient`,
 and the narrow `DataPath`, `Registry`, `Admin`, `ChangeFeed` a caller may depend on
@@ -19,7 +21,7 @@ instead).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from hf3fsctl.config.schema import Config
@@ -71,9 +73,7 @@ def open_metadata_client(
             read_only=read_only,
         )
     if target.redis:
-        from hf3fsctl.meta.redis import RedisMetadataStore
-
-        return RedisMetadataStore(
+        return _redis_store(
             target,
             timeout_s=timeout_s,
             token=token,
@@ -87,6 +87,17 @@ def open_metadata_client(
 
     assert target.base is not None
     return HttpMetadataClient(target.base, timeout_s=timeout_s, token=token, ca_file=ca_file)
+
+
+def _redis_store(target: MetadataUrl, **settings: Any) -> Store:
+    """The Redis store a URL names: one slot, or `?shards=N` of a cluster's slots."""
+    if target.shards > 1:
+        from hf3fsctl.meta.redis.sharded import ShardedRedisStore
+
+        return ShardedRedisStore(target, shards=target.shards, **settings)
+    from hf3fsctl.meta.redis import RedisMetadataStore
+
+    return RedisMetadataStore(target, **settings)
 
 
 def metadata_token(config: Config) -> str | None:
@@ -135,9 +146,7 @@ def open_store(
         url = f"sqlite:///{Path(url).expanduser().absolute()}"
     target = url if isinstance(url, MetadataUrl) else MetadataUrl.parse(url)
     if target.redis:
-        from hf3fsctl.meta.redis import RedisMetadataStore
-
-        return RedisMetadataStore(
+        return _redis_store(
             target,
             timeout_s=timeout_s,
             token=token,

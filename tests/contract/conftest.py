@@ -7,6 +7,8 @@ Each test here takes `backend` (or a fixture built on it) and runs once per stor
   flushed before each test);
 - `redis-cluster`: `redis+cluster://…`, the same store on a local 3-master Redis Cluster
   (one per session, every master flushed before each test);
+- `redis-sharded`: `redis+cluster://…?shards=4`, the store split into 4 one-slot shards
+  on that cluster (`ShardedRedisStore`); tests marked `one_slot` skip it (not collected);
 - `http`: `HttpMetadataClient` against the service app (`create_app`) over a fresh
   SQLite store, served by uvicorn on a loopback port in this process — real HTTP and
   the real routes, without the second or so a `hf3fsctl serve` process costs to start
@@ -40,6 +42,8 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     """Parametrise `backend` over the module's `BACKENDS` (default sqlite and redis)."""
     if "backend" in metafunc.fixturenames:
         kinds = getattr(metafunc.module, "BACKENDS", DEFAULT_BACKENDS)
+        if metafunc.definition.get_closest_marker("one_slot") is not None:
+            kinds = tuple(kind for kind in kinds if kind != "redis-sharded")
         metafunc.parametrize("backend", kinds, indirect=True)
 
 
@@ -50,7 +54,7 @@ def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]
     redis: str | None = None
     if kind == "redis":
         redis = request.getfixturevalue("redis_url")
-    if kind == "redis-cluster":
+    if kind in ("redis-cluster", "redis-sharded"):
         redis = request.getfixturevalue("redis_cluster_url")
     if kind == "http-stock":
         monkeypatch = request.getfixturevalue("monkeypatch")

@@ -70,6 +70,7 @@ def test_keys_turned_away_are_counted_in_stats(store: MetadataClient) -> None:
     assert skipped(store, ns) == 5
 
 
+@pytest.mark.one_slot
 def test_counts_are_bounded_least_recently_seen_dropped_first(
     store: MetadataClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:

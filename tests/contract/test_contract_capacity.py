@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from contract_backends import Backend
+from contract_backends import ONE_SLOT_BACKENDS, Backend
 from helpers.lease_window import leasing
 from helpers.meta_builders import (
     PAGE_BYTES,
@@ -39,6 +39,10 @@ from hf3fsctl.storage.layout import PageFile, remove_namespace_files
 
 SLOT = PAGE_BYTES  # the slot of a 4 KiB page
 LEASE_S = 0.25  # the lease tests': long enough to allocate within, short to sleep past
+
+# Capacity and eviction order of one slot, with files and capacities of a few pages: the
+# sharded store evicts per shard (tests/unit/test_redis_sharded.py covers it).
+BACKENDS = ONE_SLOT_BACKENDS
 
 
 def ns_id(model: str = "tiny", **changes: Any) -> str:

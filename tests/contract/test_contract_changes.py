@@ -34,6 +34,7 @@ def test_reading_from_the_end_returns_nothing_but_where_to_go_on(store: Metadata
     assert not after.missed and after.next_seq > start.next_seq
 
 
+@pytest.mark.one_slot
 def test_commits_and_removals_are_logged_in_order_per_rank(store: MetadataClient) -> None:
     ns = register(store, tp_size=2)
     since = store.changes(-1).next_seq
@@ -61,6 +62,7 @@ def test_a_namespace_filter_still_advances_past_other_namespaces(store: Metadata
     assert store.changes(log.next_seq, namespace=mine).changes == []
 
 
+@pytest.mark.one_slot
 def test_limit_pages_through_the_log(store: MetadataClient) -> None:
     ns = register(store)
     since = store.changes(-1).next_seq

@@ -170,6 +170,7 @@ def test_allocate_reports_committed_and_pending_keys_as_existing(store: Metadata
     assert store.allocate(ns, 0, keys(4)).existing == keys(4)
 
 
+@pytest.mark.one_slot
 def test_allocate_no_space_when_full_of_pending(store: MetadataClient) -> None:
     ns = register(store, num_pages=4)
     store.allocate(ns, 0, keys(4))
@@ -209,6 +210,7 @@ def test_release_does_not_free_committed(store: MetadataClient) -> None:
     assert store.release(ns, 0, allocated) == 0
 
 
+@pytest.mark.one_slot
 def test_released_page_is_reused(store: MetadataClient) -> None:
     ns = register(store, num_pages=1)
     allocated = store.allocate(ns, 0, keys(1)).allocated

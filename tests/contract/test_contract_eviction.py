@@ -5,12 +5,16 @@ from __future__ import annotations
 import time
 
 import pytest
-from contract_backends import Backend
+from contract_backends import ONE_SLOT_BACKENDS, Backend
 from helpers.meta_builders import commit_items, keys, register, store_keys
 
 from hf3fsctl.errors import InvalidRequest
 from hf3fsctl.meta.models import EvictRequest
 from hf3fsctl.meta.protocol import MetadataClient
+
+# Capacity and eviction order of one slot, with files and capacities of a few pages: the
+# sharded store evicts per shard (tests/unit/test_redis_sharded.py covers it).
+BACKENDS = ONE_SLOT_BACKENDS
 
 
 @pytest.fixture

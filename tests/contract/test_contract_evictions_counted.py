@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from contract_backends import Backend
 from helpers.meta_builders import keys, register, store_keys
 
@@ -14,6 +15,7 @@ def _evicted(store: MetadataClient, ns: str) -> dict[str, list[int]]:
     return stats.evicted
 
 
+@pytest.mark.one_slot
 def test_a_full_file_counts_its_evictions_as_file_full(backend: Backend) -> None:
     store = backend.open(high_watermark=0.9, low_watermark=0.5)
     ns = register(store, num_pages=10)

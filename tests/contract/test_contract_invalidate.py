@@ -93,6 +93,7 @@ def test_pending_entry_of_another_rank_survives(store: MetadataClient) -> None:
     assert store.commit(ns, 1, commit_items(pending)) == 1
 
 
+@pytest.mark.one_slot
 def test_leased_page_is_not_reused_until_the_lease_ends(backend: Backend) -> None:
     store = backend.open(lease_s=LEASE_S)
     ns = register(store, num_pages=1)

@@ -116,6 +116,7 @@ def test_a_key_counts_only_while_unexpired_on_every_rank(store: MetadataClient) 
     assert store.lookup(ns, chain) == 2
 
 
+@pytest.mark.one_slot
 def test_an_expired_entry_is_evicted_before_older_unexpired_ones(store: MetadataClient) -> None:
     ns = register(store, num_pages=10)
     old = keys(4, salt="old")
@@ -167,6 +168,7 @@ def test_a_read_renews_only_an_entry_committed_with_renew_on_read(store: Metadat
     wait_until(lambda: store.lookup(ns, renewed) == 0)  # a renewal is not forever
 
 
+@pytest.mark.one_slot
 def test_a_pinned_expired_entry_is_not_evicted_and_not_served(store: MetadataClient) -> None:
     ns = register(store, num_pages=10)
     old = keys(4, salt="old")
@@ -220,6 +222,7 @@ def test_a_retention_must_be_positive_and_finite(store: MetadataClient, retentio
         store.commit(ns, 0, [item])
 
 
+@pytest.mark.one_slot
 def test_capacity_eviction_takes_expired_keys_before_older_unexpired_ones(
     backend: Backend,
 ) -> None:

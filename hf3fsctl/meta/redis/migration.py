@@ -93,6 +93,42 @@ def check_format(store: StoreAccess) -> None:
     )
 
 
+def check_shards(store: StoreAccess, shards: int) -> None:
+    """Record `shards` (`info.shards` of shard 0, the store's first prefix) in a new store;
+    refuse a store split into another number of shards (its keys and pages are placed
+    by that number: `sharded.py`). A store without the field is one shard.
+
+    Raises:
+        ConfigError: naming `metadata.url`, with the number the store was made with.
+    """
+    redis = store.redis
+    info = store.key("info")
+    try:
+        if shards > 1:
+            fresh = store.read(lambda: redis.zcard(store.key("namespaces"))) == 0
+            if fresh:
+                store.read(lambda: redis.hsetnx(info, "shards", shards))
+        raw = store.read(lambda: redis.hget(info, "shards"))
+    except MetadataUnavailable as exc:
+        logger.debug("Redis store %s: shards not checked: %s", store.url, exc)
+        return
+    recorded = int(raw) if raw is not None else 1
+    if recorded != shards:
+        from hf3fsctl.errors import ConfigError
+
+        raise ConfigError(
+            f"metadata.url: the Redis store at {store.url} was made with {recorded} "
+            f"shard{'s' if recorded != 1 else ''}, the URL asks for {shards}",
+            hint=(
+                f"use ?shards={recorded} in the URL (a store's shard count is fixed when it "
+                "is made; a new count needs a new store: another prefix or database)"
+                if recorded > 1
+                else "drop ?shards= from the URL (a store's shard count is fixed when it is "
+                "made; a sharded store needs a new, empty one)"
+            ),
+        )
+
+
 def _migrate(store: StoreAccess, script: str, done: str, what: str, to: int) -> None:
     """Run `script` on every namespace (then, for format 3, on the change log: `''`),
     record format `to`, drop the done-set."""

@@ -40,7 +40,7 @@ from pydantic import TypeAdapter
 from hf3fsctl.config.units import parse_amount
 from hf3fsctl.errors import InvalidRequest, MetadataUnavailable, NotFound
 from hf3fsctl.meta.base import Attempt, StoreCore, check_rank_file, pin_limit_error
-from hf3fsctl.meta.giveback import GiveBack
+from hf3fsctl.meta.giveback import GiveBack, HolePuncher
 from hf3fsctl.meta.models import (
     Allocation,
     ChangeLog,
@@ -64,7 +64,7 @@ from hf3fsctl.meta.redis.codec import decode_checksum, decode_key, encode_checks
 from hf3fsctl.meta.redis.connection import call, load_scripts, redis_client
 from hf3fsctl.meta.redis.lookup import Lookups
 from hf3fsctl.meta.redis.lookup_hits import LookupHits
-from hf3fsctl.meta.redis.migration import StoreAccess, check_format
+from hf3fsctl.meta.redis.migration import StoreAccess, check_format, check_shards
 
 if TYPE_CHECKING:
     from hf3fsctl.config.urls import MetadataUrl
@@ -111,6 +111,11 @@ class RedisMetadataStore(StoreCore):
             (`policy.pending_timeout_s` wins when set).
         policy: capacity, pins, quotas and the storage root (`StorePolicy`).
         prefix: the prefix of every key (several stores can share one Redis database).
+        shard: `(index, shards)` when this is one shard of a `ShardedRedisStore`
+            (`sharded.py`): it then uses that store's `client` and `puncher` (which
+            punches its pages at their place in the page files) and leaves recording
+            the default capacity to it. None: a whole store, which refuses to open a
+            sharded one.
     """
 
     lookup_does_io = True  # `hf3fsctl serve` runs its lookups off the event loop
@@ -128,6 +133,9 @@ class RedisMetadataStore(StoreCore):
         pending_timeout_s: float = 120.0,
         policy: StorePolicy | None = None,
         prefix: str = PREFIX,
+        shard: tuple[int, int] | None = None,
+        client: Any | None = None,
+        puncher: HolePuncher | None = None,
     ) -> None:
         self._init_core(
             target.url,  # redacted: safe to log and print
@@ -138,7 +146,15 @@ class RedisMetadataStore(StoreCore):
             policy=policy,
         )
         self.prefix = prefix
-        self._redis = redis_client(target, timeout_s=timeout_s, token=token, ca_file=ca_file)
+        self.shard = shard
+        if puncher is not None:
+            self._puncher = puncher
+        self._owns_client = client is None
+        self._redis = (
+            client
+            if client is not None
+            else redis_client(target, timeout_s=timeout_s, token=token, ca_file=ca_file)
+        )
         self._cluster = target.scheme == "redis+cluster"
         self._scripts = load_scripts(self._redis)
         self._hits = LookupHits(self._scripts["count_lookup"], prefix, self.url)
@@ -149,7 +165,10 @@ class RedisMetadataStore(StoreCore):
         # `close`: count its last hits then too, as the embedded client flushes its
         # counters (multiprocessing's Finalize also runs in vLLM's EngineCore children).
         self._count_at_exit = mp_util.Finalize(self, self._hits.count, exitpriority=0)
-        check_format(StoreAccess(self.url, self._redis, self._key, self._read, self._run))
+        access = StoreAccess(self.url, self._redis, self._key, self._read, self._run)
+        check_format(access)
+        if shard is None:
+            check_shards(access, 1)
         self._record_default_capacity()
 
     # --- plumbing ------------------------------------------------------------------------
@@ -194,6 +213,8 @@ class RedisMetadataStore(StoreCore):
             self._warn_if_redis_evicts()
             if self._puncher.available():
                 self._give_back(_marks(self._run("marks", [STALE_MARK_S])))
+            if self.shard is not None:  # the sharded store records each shard's share
+                return
             recorded, held = self._capacity_held()
             if recorded is None:
                 self._default_capacity(held)
@@ -591,6 +612,8 @@ class RedisMetadataStore(StoreCore):
         """Count pending lookup hits, then release the connections."""
         self._count_at_exit.cancel()
         self.flush()
+        if not self._owns_client:  # a shard: its sharded store closes the connections
+            return
         self._redis.close()
         pool = getattr(self._redis, "connection_pool", None)
         if pool is not None:
