@@ -1,8 +1,9 @@
 """The Redis metadata store: the `MetadataClient` contract shared by a fleet (decision 13).
 
 `RedisMetadataStore` (`store.py`) is chosen by `metadata.url: redis://HOST:PORT/DB`,
-`rediss://…` (TLS) or `redis+sentinel://HOST:PORT[,HOST:PORT]/SERVICE[/DB]`
-(`connection.py`). Every multi-key operation is one Lua script (`lua/*.lua`, with
+`rediss://…` (TLS), `redis+sentinel://HOST:PORT[,HOST:PORT]/SERVICE[/DB]` or
+`redis+cluster://HOST:PORT[,…]` (`connection.py`); `redis+cluster://…?shards=N` selects
+`ShardedRedisStore` (`sharded.py`): N such stores, one slot each, over the cluster. Every multi-key operation is one Lua script (`lua/*.lua`, with
 `lua/common.lua` prepended), run atomically by Redis in one round trip; `lookup` is one
 pipelined round trip of a native `HMGET` and a counter script.
 
