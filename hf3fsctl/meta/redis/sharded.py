@@ -130,11 +130,11 @@ class ShardPuncher(HolePuncher):
         self.shard, self.shards = shard, shards
 
     def punch(self, marked: Sequence[GiveBack]) -> tuple[list[GiveBack], list[GiveBack]]:
-        placed = [
-            ((ns, r, path, slot, [p * self.shards + self.shard for p in pages]), item)
-            for item in marked
-            for ns, r, path, slot, pages in (item,)
-        ]
+        placed = []
+        for item in marked:
+            ns, rank, path, slot, pages = item
+            at = [p * self.shards + self.shard for p in pages]
+            placed.append(((ns, rank, path, slot, at), item))
         done, refused = super().punch([at for at, _ in placed])
         back = {id(at): item for at, item in placed}
         return [back[id(at)] for at in done], [back[id(at)] for at in refused]
@@ -218,8 +218,11 @@ class ShardedLookups(Lookups):
             by_node.setdefault(node.name, (node.redis_connection, []))[1].append(shard)
         values: dict[int, list[Any]] = {}
         script_reply: list[Any] = []
+        # shard 0's master (the counter script) last: a master lost midway is retried
+        # through the slot map before the counters were added, so never added twice
+        pipelines = sorted(by_node.values(), key=lambda node: 0 in node[1])
         try:
-            for connection, shards in by_node.values():
+            for connection, shards in pipelines:
                 pipe = connection.pipeline(transaction=False)
                 for shard in shards:
                     if shard in fields:
@@ -401,13 +404,63 @@ class ShardedRedisStore(StoreCore):
     def _lookup(self, namespace: str, keys: Sequence[str]) -> int:
         return self._lookups.lookup(namespace, keys)
 
+    def _scripts(
+        self, name: str, calls: dict[int, list[Any]], *, idempotent: bool
+    ) -> dict[int, Any]:
+        """Script `name` on each shard of `calls` (shard → its arguments): one pipeline
+        per master, on that master's own connection (redis-py's cluster pipelines refuse
+        scripts); a shard whose slot moved, or whose master lacks the script, did not run
+        it and is asked again through the cluster client (which follows the slot map and
+        loads scripts). Shards are atomic each, not together."""
+        if len(calls) == 1:
+            ((shard, args),) = calls.items()
+            return {shard: self._parts[shard]._run(name, args, idempotent=idempotent)}
+        script = self._parts[0]._scripts[name]
+        redirected = (rex.NoScriptError, rex.MovedError, rex.AskError, rex.TryAgainError)
+
+        def run() -> dict[int, Any]:
+            groups: dict[str, tuple[Any, list[int]]] = {}
+            again: list[int] = []
+            for shard in calls:
+                node = self._redis.get_node_from_key(self._parts[shard].prefix)
+                if node is None or node.redis_connection is None:
+                    again.append(shard)
+                else:
+                    groups.setdefault(node.name, (node.redis_connection, []))[1].append(shard)
+            replies: dict[int, Any] = {}
+            for connection, shards in groups.values():
+                pipe = connection.pipeline(transaction=False)
+                for shard in shards:
+                    pipe.evalsha(script.sha, 1, self._parts[shard].prefix, *calls[shard])
+                for shard, reply in zip(shards, pipe.execute(raise_on_error=False), strict=True):
+                    if isinstance(reply, redirected):
+                        again.append(shard)
+                    elif isinstance(reply, Exception):
+                        raise reply
+                    else:
+                        replies[shard] = reply
+            for shard in again:
+                replies[shard] = script(keys=[self._parts[shard].prefix], args=calls[shard])
+            return replies
+
+        return call(run, self.url, idempotent=idempotent)
+
     def _locate(self, namespace: str, rank: int, keys: Sequence[str]) -> list[Location | None]:
         if not keys:
             return self._parts[0]._locate(namespace, rank, keys)
         out: list[Location | None] = [None] * len(keys)
-        for shard, where in self._by_shard(keys).items():
-            found = self._parts[shard]._locate(namespace, rank, [keys[i] for i in where])
-            for index, location in zip(where, found, strict=True):
+        by_shard = {
+            shard: [keys[i] for i in where] for shard, where in self._by_shard(keys).items()
+        }
+        calls = {
+            shard: self._parts[shard]._locate_args(namespace, rank, mine)
+            for shard, mine in by_shard.items()
+        }
+        replies = self._scripts("locate", calls, idempotent=True)
+        positions = self._by_shard(keys)
+        for shard, flat in replies.items():
+            found = self._parts[shard]._locate_answer(by_shard[shard], flat)
+            for index, location in zip(positions[shard], found, strict=True):
                 if location is not None:
                     page = self._global(location.page, shard)
                     out[index] = location.model_copy(update={"page": page})
@@ -416,15 +469,18 @@ class ShardedRedisStore(StoreCore):
     def _allocate_once(
         self, namespace: str, rank: int, keys: list[str], depth_of: dict[str, int]
     ) -> Attempt:
+        calls = {
+            shard: self._parts[shard]._allocate_args(
+                namespace, rank, [keys[i] for i in where], depth_of
+            )
+            for shard, where in self._by_shard(keys).items()
+        }
         granted: list[tuple[str, int]] = []
         existing: list[str] = []
         no_space: list[str] = []
         marks: list[GiveBack] = []
-        for shard, where in self._by_shard(keys).items():
-            mine = [keys[i] for i in where]
-            got, known, full, marked = self._parts[shard]._allocate_once(
-                namespace, rank, mine, depth_of
-            )
+        for shard, reply in self._scripts("allocate", calls, idempotent=False).items():
+            got, known, full, marked = self._parts[shard]._allocate_answer(reply)
             granted += [(key, self._global(page, shard)) for key, page in got]
             existing += known
             no_space += full
@@ -465,10 +521,11 @@ class ShardedRedisStore(StoreCore):
         return out
 
     def _commit(self, namespace: str, rank: int, items: Sequence[CommitItem]) -> int:
-        return sum(
-            self._parts[shard]._commit(namespace, rank, mine)
+        calls = {
+            shard: self._parts[shard]._commit_args(namespace, rank, mine)
             for shard, mine in self._pairs(items).items()
-        )
+        }
+        return sum(int(n) for n in self._scripts("commit", calls, idempotent=False).values())
 
     def _release(self, namespace: str, rank: int, allocations: Sequence[Allocation]) -> int:
         return sum(

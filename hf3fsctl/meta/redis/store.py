@@ -312,8 +312,16 @@ class RedisMetadataStore(StoreCore):
         if not keys:
             self._run("locate", [namespace, rank, self.lease_s], idempotent=True)
             return []
-        stored = [encode_key(key) for key in keys]
-        flat = self._run("locate", [namespace, rank, self.lease_s, *stored], idempotent=True)
+        flat = self._run("locate", self._locate_args(namespace, rank, keys), idempotent=True)
+        return self._locate_answer(keys, flat)
+
+    # A call's arguments and the reading of its script's reply, apart, so a sharded store
+    # can pipeline several shards' scripts on one master (`sharded.py`).
+
+    def _locate_args(self, namespace: str, rank: int, keys: Sequence[str]) -> list[Any]:
+        return [namespace, rank, self.lease_s, *(encode_key(key) for key in keys)]
+
+    def _locate_answer(self, keys: Sequence[str], flat: Sequence[Any]) -> list[Location | None]:
         return _LOCATIONS.validate_python(
             [
                 None
@@ -333,6 +341,12 @@ class RedisMetadataStore(StoreCore):
     ) -> Attempt:
         """One `allocate.lua` run: reclaim, make room (`evict_for_room` in the script),
         grant pages."""
+        args = self._allocate_args(namespace, rank, keys, depth_of)
+        return self._allocate_answer(self._run("allocate", args))
+
+    def _allocate_args(
+        self, namespace: str, rank: int, keys: list[str], depth_of: dict[str, int]
+    ) -> list[Any]:
         quotas: list[Any] = []
         for name, text in self.policy.quotas.items():
             amount = parse_amount(text, f"quotas.{name}")
@@ -352,7 +366,10 @@ class RedisMetadataStore(StoreCore):
         ]
         for key in keys:
             args += [encode_key(key), depth_of[key]]
-        flat, existing, no_space, marks = self._run("allocate", args)
+        return args
+
+    def _allocate_answer(self, reply: Sequence[Any]) -> Attempt:
+        flat, existing, no_space, marks = reply
         allocated = [(decode_key(flat[i]), flat[i + 1]) for i in range(0, len(flat), 2)]
         return (
             allocated,
@@ -366,6 +383,9 @@ class RedisMetadataStore(StoreCore):
         return any(int(v) > 0 for v in values)
 
     def _commit(self, namespace: str, rank: int, items: Sequence[CommitItem]) -> int:
+        return int(self._run("commit", self._commit_args(namespace, rank, items)))
+
+    def _commit_args(self, namespace: str, rank: int, items: Sequence[CommitItem]) -> list[Any]:
         args: list[Any] = [namespace, rank]
         for item in items:
             if item.size > SIZE_MAX:
@@ -381,7 +401,7 @@ class RedisMetadataStore(StoreCore):
                 "" if item.retention_s is None else repr(float(item.retention_s)),
                 int(item.renew_on_read),
             ]
-        return int(self._run("commit", args))
+        return args
 
     def _release(self, namespace: str, rank: int, allocations: Sequence[Allocation]) -> int:
         args: list[Any] = [namespace, rank]
