@@ -53,7 +53,9 @@ def metadata(
             help="embedded (sqlite:///, clients share one file), serve (an hf3fsctl serve "
             "this starts on loopback), in-tree (vLLM's own metadata server: the ÷ in-tree "
             "columns compare only with it, measured in this run; skipped where vLLM is "
-            "missing), redis, serve-redis. Default embedded,serve,in-tree; with several "
+            "missing), redis, serve-redis, redis-cluster (the one-slot store on a private "
+            "3-master Redis Cluster), redis-sharded (that store split into --shards shards "
+            "over the cluster). Default embedded,serve,in-tree; with several "
             "--entries (or --scale): embedded,serve,redis,in-tree.",
         ),
     ] = None,
@@ -142,6 +144,15 @@ def metadata(
     workers: Annotated[
         int, typer.Option("--workers", min=1, help="Server processes of the server it starts.")
     ] = 1,
+    shards: Annotated[
+        int,
+        typer.Option(
+            "--shards",
+            min=1,
+            help="--mode redis-sharded: shards of the store (?shards=N) over the cluster's "
+            "3 masters (12: 4 per master).",
+        ),
+    ] = 12,
     directory: Annotated[
         Path | None,
         typer.Option(
@@ -251,6 +262,7 @@ def metadata(
         "workers": workers,
         "directory": directory,
         "keep": keep,
+        "shards": shards,
     }
     bench_output.run_and_publish(
         bench.run,
@@ -331,6 +343,9 @@ def render(document: dict[str, Any]) -> RenderableType:
     absent = in_tree_absence(document)
     columns = ["mode", "op", "clients", "ops/s", "p50 ms", "p99 ms", "p99.9 ms", "÷ ping"]
     columns += ["in-tree", "÷ in-tree", "CPU µs/call", "in-tree CPU ÷"]
+    clustered = any(r.get("busiest_master_cpu_share") is not None for r in document["rows"])
+    if clustered:
+        columns.append("busiest master")
     rows = []
     for r in document["rows"]:
         bar = r.get("in_tree") or {}
@@ -359,8 +374,10 @@ def render(document: dict[str, Any]) -> RenderableType:
                 f"{r['in_tree_cpu_ratio']:.1f}×" if r.get("in_tree_cpu_ratio") else "",
             ]
         )
+        if clustered:
+            rows[-1].append(_share(r.get("busiest_master_cpu_share")))
     right: tuple[str, ...] = ("clients", "ops/s", "p50 ms", "p99 ms", "p99.9 ms", "÷ ping")
-    right = (*right, "÷ in-tree", "CPU µs/call", "in-tree CPU ÷")
+    right = (*right, "÷ in-tree", "CPU µs/call", "in-tree CPU ÷", "busiest master")
     cells = output.table(
         columns,
         rows,
@@ -375,6 +392,11 @@ def render(document: dict[str, Any]) -> RenderableType:
             "CPU µs/call: the server processes' CPU time (user + system) per call "
             "(embedded: the client processes', where the store runs); in-tree CPU ÷: the "
             "in-tree server's CPU per call ÷ this row's; "
+        )
+        + (
+            "busiest master: its share of the cluster masters' CPU (summed in CPU µs/call); "
+            if clustered
+            else ""
         )
         + "in-tree, ÷ in-tree: vLLM's in-tree metadata server, measured in this run"
         + (f"; empty: not measured in this run ({absent})" if unmeasured else "")

@@ -36,6 +36,8 @@ from hf3fsctl.bench.metadata.processes import (
 )
 from hf3fsctl.bench.metadata.settings import (
     BATCH,
+    CLUSTER_MASTERS,
+    CLUSTER_MODES,
     FILL_CHUNK,
     FULL_NAMESPACES,
     FULL_OPS,
@@ -273,7 +275,9 @@ def _run_peer(
     """One of the `OPTIONAL_MODES`, on a store of its own (no full-store cells).
 
     `in-tree`: vLLM's in-tree server; `redis`: clients straight to a private Redis;
-    `serve-redis`: two `hf3fsctl serve` replicas on that Redis, clients split between them.
+    `serve-redis`: two `hf3fsctl serve` replicas on that Redis, clients split between them;
+    `redis-cluster`, `redis-sharded`: clients straight to a private Redis Cluster
+    (`_run_cluster`).
 
     Raises:
         MetadataUnavailable: with a hint when the program is missing here (the mode is
@@ -299,6 +303,10 @@ def _run_peer(
             pid = server.process.pid
             rows = measure_cells(mode, spec, main_ops, settings, tag, say, lambda: cpu_seconds(pid))
         url = server.url
+    elif mode in CLUSTER_MODES:
+        rows, url, memory, fill = _run_cluster(
+            mode, settings, main_ops, directory, tag, run_id, say
+        )
     else:
         manifest = bench_manifest(f"hf3fsctl-bench/{run_id}/{mode}")
         namespace = namespace_id(manifest)
@@ -322,6 +330,51 @@ def _run_peer(
                 )
     fill["entries_per_s"] = settings.entries / fill["seconds"] if fill["seconds"] else None
     return {"mode": mode, "url": url, "memory": memory, "fill": fill, "note": note}, rows
+
+
+def _run_cluster(
+    mode: str,
+    settings: MetadataSettings,
+    ops: list[str],
+    directory: Path,
+    tag: str,
+    run_id: str,
+    say: report.Progress,
+) -> tuple[list[dict[str, Any]], str, dict[str, Any], dict[str, Any]]:
+    """The cells on a private Redis Cluster of `CLUSTER_MASTERS` masters: the one-slot
+    store (`redis-cluster`) or the store split into `settings.shards` shards
+    (`redis-sharded`). The server CPU of a call is every master's; each row adds each
+    master's CPU seconds in its window and the busiest master's share of them."""
+    from hf3fsctl.bench.peers.redis_cluster import MasterCpu, RedisCluster
+
+    manifest = bench_manifest(f"hf3fsctl-bench/{run_id}/{mode}")
+    namespace = namespace_id(manifest)
+    shards = settings.shards if mode == "redis-sharded" else 1
+    with RedisCluster(directory / "cluster", CLUSTER_MASTERS) as cluster:
+        url = cluster.url(shards)
+        spec = StoreSpec("main", url, None, (namespace,), f"{tag}-stored", settings.entries)
+        register_main(spec, manifest)
+        before = sum(cluster.rss_by_master())
+        fill: dict[str, Any] = {"entries_per_store": settings.entries, "stores": ["main"]}
+        fill["seconds"] = fill_spec(spec, FILL_CHUNK)
+        memory = memory_figures(settings.entries, before, sum(cluster.rss_by_master()), None)
+        memory["process"] = (
+            f"the {CLUSTER_MASTERS} masters' redis-server RSS, before/after the fill"
+        )
+        memory["keys_by_master"] = cluster.keys_by_master()
+        memory["used_memory_bytes"] = cluster.used_memory()
+        cpu = MasterCpu(cluster)
+        rows = []
+        for op in ops:
+            for clients in settings.clients:
+                row = measure_cell(mode, spec, op, clients, settings, tag, say, cpu)
+                row.update(cpu.window(), masters=CLUSTER_MASTERS, shards=shards)
+                say(
+                    f"  {'':<9} {'':<13} {'':<4} busiest master "
+                    f"{report.fmt(row['busiest_master_cpu_share'])} of the masters' CPU"
+                )
+                rows.append(row)
+    return rows, url, memory, fill
 
 
 def _cells_on_replicas(

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from hf3fsctl.bench.loopback import check_loopback_url
+from hf3fsctl.config.urls import MAX_SHARDS
 from hf3fsctl.errors import InvalidRequest
 
 OPS = ("ping", "lookup", "locate", "alloc_commit", "full_1ns", "full_8ns")
@@ -19,11 +20,19 @@ OPS = ("ping", "lookup", "locate", "alloc_commit", "full_1ns", "full_8ns")
 FULL_OPS = ("full_1ns", "full_8ns")
 
 
-MODES = ("embedded", "serve", "in-tree", "redis", "serve-redis")
+MODES = ("embedded", "serve", "in-tree", "redis", "serve-redis", "redis-cluster", "redis-sharded")
+
+
+# A private Redis Cluster of `CLUSTER_MASTERS` masters: `redis-cluster` holds the one-slot
+# store (every key on one master), `redis-sharded` the store split into `shards` shards.
+CLUSTER_MODES = ("redis-cluster", "redis-sharded")
+
+
+CLUSTER_MASTERS = 3
 
 
 # Modes that need a program this machine may lack: skipped (and said so) when it does.
-OPTIONAL_MODES = ("in-tree", "redis", "serve-redis")
+OPTIONAL_MODES = ("in-tree", "redis", "serve-redis", *CLUSTER_MODES)
 
 
 OP_LABELS = {
@@ -65,7 +74,8 @@ class MetadataSettings:
     """What one `bench metadata` run measures.
 
     Attributes:
-        modes: `embedded` and/or `serve` (ignored when `url` is given).
+        modes: of `MODES` (ignored when `url` is given); the cluster modes only when
+            asked for.
         ops: the operations (see the module docstring); `ping` is always measured.
         clients: concurrent client processes, one cell each per operation.
         seconds: timed window of each cell.
@@ -76,9 +86,11 @@ class MetadataSettings:
         workers: server processes of the server this starts (`serve` mode).
         directory: where the work directory is made.
         keep: leave the work directory (and, with `url`, the namespaces) behind.
+        shards: the shards of `redis-sharded`'s store (`?shards=N`), spread over the
+            cluster's `CLUSTER_MASTERS` masters.
     """
 
-    modes: tuple[str, ...] = MODES
+    modes: tuple[str, ...] = tuple(m for m in MODES if m not in CLUSTER_MODES)
     ops: tuple[str, ...] = OPS
     clients: tuple[int, ...] = (1, 16)
     seconds: float = 3.0
@@ -88,6 +100,7 @@ class MetadataSettings:
     workers: int = 1
     directory: Path | None = None
     keep: bool = False
+    shards: int = 12
 
     @classmethod
     def quick(cls, **overrides: Any) -> MetadataSettings:
@@ -125,6 +138,8 @@ class MetadataSettings:
             raise InvalidRequest("no mode to measure: give embedded and/or serve, or --url")
         if self.workers < 1:
             raise InvalidRequest(f"workers must be at least 1, got {self.workers}")
+        if not 1 <= self.shards <= MAX_SHARDS:
+            raise InvalidRequest(f"--shards must be in 1..{MAX_SHARDS}, got {self.shards}")
 
 
 SCALE_MODES = ("embedded", "serve", "redis", "in-tree")

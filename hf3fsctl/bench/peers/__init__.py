@@ -9,6 +9,9 @@
 - `redis_server`: a private `redis-server` (Debian's package) with persistence off (a
   benchmark measures the store's scripts, not disk fsyncs), for `bench metadata`'s
   `redis` and `serve-redis` modes.
+- `redis_cluster`: a private Redis Cluster of 3 masters (no replicas, persistence off)
+  made with `redis-cli --cluster create`, for the `redis-cluster` (one slot) and
+  `redis-sharded` (`?shards=N`) modes; each master's CPU is read apart.
 - `lmcache`: LMCache's multiprocess server with a file-system L2 (docs/vllm.md), the
   `lmcache` peer of `bench e2e`.
 
