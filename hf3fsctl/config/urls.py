@@ -146,7 +146,7 @@ _REDIS_RE = re.compile(
 )
 
 
-MAX_SHARDS = 1024
+MAX_SHARDS = 256  # a shard per master, or a few: far more would only cost round trips
 
 
 def _shards(query: str | None, scheme: str, shown: str, key: str) -> int:

@@ -2,8 +2,9 @@
 
 `redis+cluster://HOST:PORT[,…]?shards=N`. A one-slot store (`RedisMetadataStore`) keeps
 every key under one hash tag, so one master holds and serves all of it. Here the store
-is N such stores — shard `s` under the tag `{hf3fsctl}` (s = 0: the store-wide records
-live there) or `{hf3fsctl/s}` — each a complete `RedisMetadataStore` with its scripts,
+is N such stores — shard 0 under the tag `{hf3fsctl}` (the store-wide records live
+there), shard `s` under `{hf3fsctl/s}` or `{hf3fsctl/s.j}`, the tag whose slot is
+spaced evenly from shard 0's (`shard_prefix`) — each a complete `RedisMetadataStore` with its scripts,
 format and migrations, and a cluster spreads the N slots over its masters. Every script
 still touches one slot, so each call stays atomic *within* a shard.
 
@@ -39,12 +40,14 @@ answer is the first key any shard misses.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import zlib
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import redis.exceptions as rex
+from redis.crc import key_slot
 
 from hf3fsctl.errors import InvalidRequest, MetadataUnavailable
 from hf3fsctl.meta.base import Attempt, StoreCore
@@ -81,17 +84,30 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+CLUSTER_SLOTS = 16_384
 CURSOR_TTL_S = 86_400  # how long a change-log cursor (every shard's position) is kept
 
 
-def shard_prefix(prefix: str, shard: int) -> str:
-    """The key prefix of one shard: the store's own for shard 0, else its hash tag with
-    `/SHARD` (`{hf3fsctl}:` → `{hf3fsctl/3}:`), so each shard is one other slot."""
+def shard_prefix(prefix: str, shard: int, shards: int) -> str:
+    """The key prefix of one shard: the store's own for shard 0; for shard `s` its hash
+    tag with `/s` (and `.j`, the first j that places it) whose Cluster slot lies within
+    an eighth of a step from `slot(shard 0) + s × 16384 / shards`. Slots evenly spaced
+    land on distinct masters of a cluster whose slots are split evenly (what
+    `redis-cli --cluster create` does), so N shards on N masters put one on each."""
     if shard == 0:
         return prefix
     if not (prefix.startswith("{") and prefix.endswith("}:")):
         raise InvalidRequest(f"a sharded store's prefix is {{TAG}}:, not {prefix!r}")
-    return f"{prefix[:-2]}/{shard}}}:"
+    tag = prefix[1:-2]
+    step = CLUSTER_SLOTS / shards
+    target = (key_slot(tag.encode()) + round(shard * step)) % CLUSTER_SLOTS
+    near = max(1, int(step / 8))
+    for j in itertools.count():
+        name = f"{tag}/{shard}" if j == 0 else f"{tag}/{shard}.{j}"
+        gap = abs(key_slot(name.encode()) - target)
+        if min(gap, CLUSTER_SLOTS - gap) <= near:
+            return f"{{{name}}}:"
+    raise AssertionError("unreachable")
 
 
 def shard_pages(num_pages: int, shard: int, shards: int) -> int:
@@ -311,7 +327,7 @@ class ShardedRedisStore(StoreCore):
                 low_watermark=low_watermark,
                 pending_timeout_s=self.pending_timeout_s,
                 policy=each,
-                prefix=shard_prefix(prefix, s),
+                prefix=shard_prefix(prefix, s, shards),
                 shard=(s, shards),
                 client=self._redis,
                 puncher=ShardPuncher(self.policy.storage_root, s, shards),
