@@ -227,6 +227,19 @@ def check_redis(report: Report, client: MetadataClient) -> None:
         )
     else:
         report.add("metadata.redis", "ok", detail)
+    if "shards" in info:
+        shards, masters, cluster = info["shards"], info["masters"], info["cluster_masters"]
+        spread = f"{shards} shards on {masters} of the cluster's {cluster} masters"
+        if masters < min(shards, cluster):
+            report.add(
+                "metadata.redis.shards",
+                "warn",
+                spread + ": the busiest master carries more than its share",
+                "move the shards' slots apart (`redis-cli --cluster reshard`; `CLUSTER KEYSLOT` "
+                "of each tag in docs/operations.md, Redis Cluster and shards)",
+            )
+        else:
+            report.add("metadata.redis.shards", "ok", spread)
 
 
 def check_capacity(report: Report, cfg: Config, client: MetadataClient) -> None:

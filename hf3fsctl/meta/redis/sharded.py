@@ -738,13 +738,16 @@ class ShardedRedisStore(StoreCore):
         return {**answers[0], "shards": self.shards}
 
     def replication(self) -> dict[str, Any]:
-        """Shard 0's master as `RedisMetadataStore.replication` says, the shard count and
-        how many masters hold the shards."""
-        masters = {
-            getattr(self._redis.get_node_from_key(part.prefix), "name", None)
-            for part in self._parts
+        """Shard 0's master as `RedisMetadataStore.replication` says, the shard count, how
+        many masters hold the shards and how many the cluster has (`doctor` warns when
+        the shards use fewer masters than they could)."""
+        holding = {self._redis.get_node_from_key(part.prefix).name for part in self._parts}
+        return {
+            **self._parts[0].replication(),
+            "shards": self.shards,
+            "masters": len(holding),
+            "cluster_masters": len(self._redis.get_primaries()),
         }
-        return {**self._parts[0].replication(), "shards": self.shards, "masters": len(masters)}
 
     def maxmemory_policy(self) -> str | None:
         """Shard 0's master's `maxmemory-policy`."""
