@@ -232,7 +232,7 @@ def metadata(
                 if mode
                 else None,
             },
-            fixed={"workers": workers, "directory": directory, "keep": keep},
+            fixed={"workers": workers, "directory": directory, "keep": keep, "shards": shards},
             json_stdout=json_output,
             json_path=json_out,
             plot_path=None,

@@ -71,3 +71,29 @@ def _rendered(document: dict[str, object]) -> str:
     console = Console(width=400, record=True, file=io.StringIO())
     console.print(render(document))
     return " ".join(console.export_text().split())
+
+
+@pytest.mark.integration  # starts a real 3-master Redis Cluster
+def test_bench_metadata_scale_fills_the_sharded_store_full_without_evicting(
+    tmp_path: Path,
+) -> None:
+    if shutil.which("redis-server") is None or shutil.which("redis-cli") is None:
+        pytest.skip("redis-server / redis-cli are not installed (make test installs them)")
+    args = ["bench", "metadata", "--entries", "3000", "--scale", "--mode", "redis-sharded"]
+    args += ["--shards", "4", "--clients", "1", "--seconds", "0.3", "--dir", str(tmp_path)]
+    result = runner.invoke(app, [*args, "--json"])
+    assert result.exit_code == 0, f"{result.stdout}\n{result.stderr}\n{result.exception!r}"
+    document = json.loads(result.stdout)
+    # a fill that evicted would fail the lookup cell's warm-up (a chain key missing)
+    assert document["failed"] == {} and document["skipped_modes"] == {}
+    (row,) = document["results"]
+    assert (row["mode"], row["shards"], row["masters"]) == ("redis-sharded", 4, 3)
+    # full when the fullest shard is: 4 x its keys, at least the entries, and a multiple of 4
+    assert row["capacity_pages"] >= 3000 and row["capacity_pages"] % 4 == 0
+    assert all(n > 0 for n in row["memory"]["keys_by_master"])
+    lookup, save = row["lookup"], row["save"]
+    assert lookup["ops"] > 0 and save["committed_keys"] == 64 * save["calls"] > 0
+    assert save["evicted_keys"] > 0  # the saves did: the fullest shard was full
+    for cell in (lookup, save):
+        assert cell["server_cpu_us_per_call"] > 0
+        assert 0 < cell["busiest_master_cpu_share"] < 1.0

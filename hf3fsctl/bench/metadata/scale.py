@@ -1,7 +1,9 @@
 """`bench metadata --entries N[,N…]`: each backend's store FULL at N entries, measured.
 
 For every N and backend — `embedded` (`sqlite:///`), `serve` (a real `hf3fsctl serve`
-on that SQLite file), `redis` (clients straight to a private `redis-server`) and, as
+on that SQLite file), `redis` (clients straight to a private `redis-server`), when asked
+`redis-cluster` and `redis-sharded` (a private 3-master Redis Cluster each: the one-slot
+store, or `shards` shards; `scale_modes.measure_redis`) and, as
 the reference, `in-tree` (vLLM's in-tree server, which has no capacity: its cells
 allocate on a store with room) — the store is filled to N committed entries with
 capacity N pages (watermarks high 1.0, low half a page below: every allocate evicts what
@@ -23,7 +25,9 @@ JSON document (`benchmark: "metadata-scale"`):
   `server_cpu_us_per_call`, `client_cpu_us_per_call`, …; `save` adds `evicted_keys`
   and `evicted_per_call`; `redis` adds `redis_script_usec_per_call` and
   `redis_scripts_per_call`, from `INFO commandstats`: Redis's own wall-clock time in
-  its scripts, above its process CPU when the cores are contended), `lookups_per_s`, `saved_keys_per_s`,
+  its scripts, above its process CPU when the cores are contended; the cluster modes add
+  `master_cpu_s` and `busiest_master_cpu_share`, and `masters`, `shards`,
+  `capacity_pages` and `memory.keys_by_master` to the row), `lookups_per_s`, `saved_keys_per_s`,
   `cpu_us_per_lookup` / `cpu_us_per_save` (the server's CPU per call; embedded: the
   client processes', where the store runs) with `cpu_of`, `memory` (`bytes_per_entry`
   and how: `serve` — the server's RSS after its cells less a server's on an empty
@@ -67,6 +71,8 @@ from hf3fsctl.bench.metadata.scale_modes import (
 )
 from hf3fsctl.bench.metadata.settings import (
     BATCH,
+    CLUSTER_MASTERS,
+    CLUSTER_MODES,
     FILL_CHUNK,
     FULL_GOAL,
     LOOKUP_KEYS,
@@ -170,6 +176,10 @@ def _one_size(
             say(f"N = {entries:,}: filling Redis (full)")
             with _failure_noted("redis", entries, failed, say):
                 out.append(measure_redis(redis, entries, settings, directory, stored, run_id, say))
+        for mode in [m for m in modes if m in CLUSTER_MODES]:
+            out += _on_cluster(
+                mode, entries, settings, directory, stored, run_id, skipped, failed, say
+            )
         if child is not None:
             spec, db, fill_s = child.result()
             fill = {"seconds": fill_s, "entries_per_s": entries / fill_s if fill_s else None}
@@ -192,6 +202,40 @@ def _one_size(
                 raise
             skipped["in-tree"] = str(exc)
     return out
+
+
+def _on_cluster(
+    mode: str,
+    entries: int,
+    settings: ScaleSettings,
+    directory: Path,
+    stored: str,
+    run_id: str,
+    skipped: dict[str, str],
+    failed: dict[str, str],
+    say: report.Progress,
+) -> list[dict[str, Any]]:
+    """`redis-cluster` or `redis-sharded` at one N, on a private Redis Cluster of its own."""
+    from hf3fsctl.bench.peers.redis_cluster import RedisCluster
+
+    try:
+        cluster = RedisCluster(directory / mode, CLUSTER_MASTERS).start()
+    except MetadataUnavailable as exc:
+        if exc.hint is None:
+            raise
+        skipped[mode] = str(exc)
+        return []
+    try:
+        say(f"N = {entries:,}: filling {mode} (full)")
+        with _failure_noted(mode, entries, failed, say):
+            return [
+                measure_redis(
+                    cluster, entries, settings, directory / mode, stored, run_id, say, mode
+                )
+            ]
+        return []
+    finally:
+        cluster.stop()
 
 
 @contextlib.contextmanager

@@ -8,8 +8,10 @@ backend allows.
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -202,37 +204,56 @@ def measure_redis(
     stored: str,
     run_id: str,
     say: report.Progress,
+    mode: str = "redis",
 ) -> dict[str, Any]:
+    """`redis`: a `RedisServer` (mode `redis`) or a `RedisCluster`: `redis-cluster`, the
+    one-slot store on it, or `redis-sharded`, `settings.shards` shards. A cluster's CPU
+    and memory are every master's; each cell adds each master's CPU in its window and the
+    busiest master's share. A sharded store is full when its fullest shard is: capacity
+    = shards × the most filled keys any shard holds (capacity is split evenly, keys by
+    hash), so the fill evicts nothing and the other shards start a little short of full."""
+    from hf3fsctl.bench.peers.redis_cluster import MasterCpu, RedisCluster
     from hf3fsctl.storage.layout import PageFile
 
-    manifest = bench_manifest(f"hf3fsctl-bench/{run_id}/redis")
+    cluster = redis if isinstance(redis, RedisCluster) else None
+    shards = settings.shards if mode == "redis-sharded" else 1
+    manifest = bench_manifest(f"hf3fsctl-bench/{run_id}/{mode}")
     ns = namespace_id(manifest)
-    root = directory / "storage-redis"
+    root = directory / f"storage-{mode}"
     root.mkdir(parents=True, exist_ok=True)
-    high, low = full_watermarks(entries)
-    spec = StoreSpec("full_1ns", redis.url(), None, (ns,), stored, entries, str(root), high, low)
+    url = redis.url() if cluster is None else cluster.url(shards)
+    spec = StoreSpec("full_1ns", url, None, (ns,), stored, entries, str(root))
     client = spec.client()
     try:
-        client.set_capacity(entries * PAGE_BYTES)
+        pages = entries if shards == 1 else shards * _fullest_shard(client, stored, entries)
+        client.set_capacity(pages * PAGE_BYTES)
         client.register_namespace(ns, manifest)
         client.register_rank(ns, bench_rank_file(ns))
     finally:
         client.close()
+    high, low = full_watermarks(pages)
+    spec = dataclasses.replace(spec, high=high, low=low)
     PageFile.create_growable(root, ns, 0, PAGE_BYTES).close()
     before = redis.used_memory()
     fill_s = fill_spec(spec, FILL_CHUNK, workers=REDIS_FILL_WORKERS)
     after = redis.used_memory()
     usage = redis.memory_usage()
-    assert redis.process is not None
-    pid = redis.process.pid
+    if cluster is None:
+        assert redis.process is not None
+        pid = redis.process.pid
+        cpu: Any = lambda: cpu_seconds(pid)  # noqa: E731
+        rss = rss_bytes(pid)
+    else:
+        cpu = MasterCpu(cluster)
+        rss = sum(cluster.rss_by_master())
     accounted: list[tuple[int, int]] = []  # INFO commandstats as each window opens and ends
 
     def server_cpu() -> float:
         accounted.append(redis.script_usec())
-        return cpu_seconds(pid)
+        return float(cpu())
 
     figures = measure_cells(
-        "redis", spec, entries, settings, stored, say, server_cpu=server_cpu,
+        mode, spec, entries, settings, stored, say, server_cpu=server_cpu,
         keys_after=lambda: store_keys(spec),
     )  # fmt: skip
     for number, (cell, _, _) in enumerate(settings.cells):
@@ -242,22 +263,35 @@ def measure_redis(
         figures[cell]["redis_script_usec_per_call"] = (
             (ended[1] - began[1]) / calls if calls else None
         )
+        if cluster is not None:
+            figures[cell].update(cpu.window(number))
     figures["fill"] = {"seconds": fill_s, "entries_per_s": entries / fill_s if fill_s else None}
     figures["memory"] = {
         "bytes_per_entry": usage["bytes"] / entries,
-        "method": "MEMORY USAGE over every key (or a sample, scaled), after the fill, ÷ N",
+        "method": "MEMORY USAGE over every key (or a sample, scaled), after the fill, ÷ N"
+        + ("" if cluster is None else " (summed over the masters)"),
         "memory_usage_bytes_per_entry": usage["bytes"] / entries,
         "used_memory_bytes_per_entry": max(0, after - before) / entries,
         "used_memory_before_bytes": before,
         "used_memory_after_bytes": after,
         "used_memory_end_bytes": redis.used_memory(),
         "held_bytes": after,
-        "rss_bytes": rss_bytes(pid),
+        "rss_bytes": rss,
         "keys": usage["keys"],
         "sampled_keys": usage["sampled_keys"],
         "by_pattern": usage["by_pattern"],
     }
+    if cluster is not None:
+        figures["memory"]["keys_by_master"] = cluster.keys_by_master()
+        figures.update(masters=len(cluster.ports), shards=shards, capacity_pages=pages)
     return figures
+
+
+def _fullest_shard(client: Any, stored: str, entries: int) -> int:
+    """The most of the `entries` prefilled keys any shard of a sharded store will hold
+    (the store's own `shard_of`)."""
+    counts = Counter(client.shard_of(key(stored, i)) for i in range(entries))
+    return max(counts.values())
 
 
 def measure_in_tree(

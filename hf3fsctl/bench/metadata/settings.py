@@ -142,7 +142,7 @@ class MetadataSettings:
             raise InvalidRequest(f"--shards must be in 1..{MAX_SHARDS}, got {self.shards}")
 
 
-SCALE_MODES = ("embedded", "serve", "redis", "in-tree")
+SCALE_MODES = ("embedded", "serve", "redis", "in-tree", *CLUSTER_MODES)
 
 
 # (name, operation, keys per call) of each cell, in order: see the module docstring.
@@ -163,16 +163,18 @@ class ScaleSettings:
         keep: leave the work directory behind.
         cells: (name, operation, keys per call) of the cells at each N (`--fleet`
             measures its routes with its own).
+        shards: the shards of `redis-sharded`'s store.
     """
 
     entries: tuple[int, ...] = (100_000, 1_000_000)
-    modes: tuple[str, ...] = SCALE_MODES
+    modes: tuple[str, ...] = tuple(m for m in SCALE_MODES if m not in CLUSTER_MODES)
     clients: int = 2
     seconds: float = 3.0
     workers: int = 1
     directory: Path | None = None
     keep: bool = False
     cells: tuple[tuple[str, str, int], ...] = SCALE_CELLS
+    shards: int = 12
 
     @classmethod
     def quick(cls, **overrides: Any) -> ScaleSettings:
@@ -205,3 +207,5 @@ class ScaleSettings:
             raise InvalidRequest(f"--clients must be in 1..256, got {self.clients}")
         if not 0 < self.seconds <= 3600:
             raise InvalidRequest(f"--seconds must be in (0, 3600], got {self.seconds}")
+        if not 1 <= self.shards <= MAX_SHARDS:
+            raise InvalidRequest(f"--shards must be in 1..{MAX_SHARDS}, got {self.shards}")

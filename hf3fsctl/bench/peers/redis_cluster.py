@@ -227,13 +227,15 @@ class MasterCpu:
         self.readings.append(reading)
         return sum(reading)
 
-    def window(self) -> dict[str, Any]:
-        """The CPU seconds each master spent between the last two readings (a cell's
-        window), and the busiest master's share of their sum: about 1.0 when one master
-        serves the whole store, down to 1/M when M masters share the load evenly."""
-        if len(self.readings) < 2:
+    def window(self, number: int | None = None) -> dict[str, Any]:
+        """The CPU seconds each master spent in a cell's window — the `number`-th pair of
+        readings (None: the last two) — and the busiest master's share of their sum:
+        about 1.0 when one master serves the whole store, down to 1/M when M masters
+        share the load evenly."""
+        pair = self.readings[-2:] if number is None else self.readings[2 * number : 2 * number + 2]
+        if len(pair) < 2:
             return {"master_cpu_s": None, "busiest_master_cpu_share": None}
-        began, ended = self.readings[-2:]
+        began, ended = pair
         used = [max(0.0, end - start) for start, end in zip(began, ended, strict=True)]
         total = sum(used)
         return {
