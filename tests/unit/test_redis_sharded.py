@@ -11,6 +11,7 @@ every test ends with the store's own `check_invariants()` clean.
 
 from __future__ import annotations
 
+import json
 import os
 import random
 from collections import Counter
@@ -19,6 +20,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers.cli_runner import run_hf3fsctl
+from helpers.cli_store import PAGE_BYTES as PAGE_BYTES_CLI
+from helpers.cli_store import fill, make_store
 from helpers.meta_builders import (
     PAGE_BYTES,
     checksum,
@@ -559,3 +563,26 @@ def test_drop_namespaces_drops_in_every_shard_or_in_none(opener: Opener, redis: 
         assert redis.exists(f"{prefix}ns:{busy}") and redis.hlen(f"{prefix}e:{busy}:0"), prefix
     assert [ns.id for ns in store.namespaces()] == [busy]
     assert store.lookup(busy, chain) == len(chain)
+
+
+# --- 7. the CLI ---------------------------------------------------------------------
+
+
+def test_stats_and_doctor_report_the_store_summed_over_the_shards(
+    redis_cluster_url: str, tmp_path: Path
+) -> None:
+    made = make_store(tmp_path, metadata_url=f"{redis_cluster_url}?shards={SHARDS}")
+    saved = keys(40, salt="cli")
+    fill(made, saved)  # real pages, both ranks, at the places the shards granted
+    config = ("--config", str(made.config_file))
+    stats = run_hf3fsctl(*config, "stats", "--json", timeout=120, check=True)
+    mine = next(ns for ns in json.loads(stats.stdout)["namespaces"] if ns["id"] == made.namespace)
+    assert (mine["keys"], mine["pages_used"]) == (len(saved), 2 * len(saved))
+    assert mine["bytes_used"] == 2 * 64 * PAGE_BYTES_CLI  # both preallocated files, whole
+    doctor = run_hf3fsctl(*config, "doctor", "--all-pages", "--json", timeout=120)
+    assert doctor.returncode == 0, doctor.stdout + doctor.stderr[-2000:]
+    checks = {c["name"]: c for c in json.loads(doctor.stdout)["checks"]}
+    assert checks["metadata.invariants"]["status"] == "ok"
+    for check in ("manifest", "pages", "checksums"):  # files of the registered size
+        assert checks[f"{check} {made.namespace}"]["status"] == "ok", checks
+    assert f"({2 * len(saved)} read)" in checks[f"checksums {made.namespace}"]["detail"]
