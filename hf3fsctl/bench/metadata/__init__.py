@@ -35,8 +35,11 @@ the benchmark's namespaces are dropped afterwards). Beside them, on stores of th
 (no full-store cells): `in-tree` (vLLM's own hf3fs metadata server, through its own
 client: the reference every cell's "÷ in-tree" is measured against, in the same run and
 only then — a cell without an in-tree twin in this run has no ratio),
-`redis` (clients straight to a private `redis-server`) and `serve-redis` (two `serve`
-replicas on that Redis, clients split between them); a mode whose program is missing
+`redis` (clients straight to a private `redis-server`), `serve-redis` (two `serve`
+replicas on that Redis, clients split between them) and, only when asked,
+`redis-cluster` / `redis-sharded` (a private 3-master Redis Cluster: the one-slot store,
+or the store split into `shards` shards; the server CPU is every master's, and each row
+gives the busiest master's share of it); a mode whose program is missing
 here is skipped and listed in `skipped_modes`. Clients are processes, not threads,
 so client-side Python shares no GIL with the server or with each other; on a 2-core
 machine they share the cores with the server, so the figures include the clients' CPU.
