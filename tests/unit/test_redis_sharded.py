@@ -509,12 +509,6 @@ def test_evict_max_entries_takes_exactly_that_many_over_the_shards(
     assert store.namespace_stats(ns).keys == sum(held) - evicted
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="sharded.py _evict: a dry run asks a shard again for what the others could not "
-    "take, and that shard counts again the keys its first dry run counted, so a dry run "
-    "reports more keys than a real evict would take (than the store holds)",
-)
 def test_a_dry_run_evict_reports_what_the_evict_takes(opener: Opener) -> None:
     store = opener.open()
     ns = register(store)

@@ -573,33 +573,43 @@ class ShardedRedisStore(StoreCore):
     def _evict(self, request: EvictRequest) -> EvictResult:
         """Each shard evicts by the same criteria, its own least recently used first;
         `max_entries` is split evenly, and what a shard could not take is asked of the
-        others in turn."""
-        keys = pages = freed = 0
-        by_namespace: dict[str, int] = {}
-
-        def run(part: RedisMetadataStore, mine: EvictRequest) -> int:
-            nonlocal keys, pages, freed
-            result = part._evict(mine)
-            keys, pages, freed = keys + result.keys, pages + result.pages, freed + result.bytes
-            for ns, count in result.by_namespace.items():
-                by_namespace[ns] = by_namespace.get(ns, 0) + count
-            return result.keys
-
+        others in turn (a dry run asks a shard again for its share and the rest, and
+        counts that answer instead of the first: nothing was taken)."""
+        results: dict[int, list[EvictResult]] = {}
         if request.max_entries is None:
-            for part in self._parts:
-                run(part, request)
+            for s, part in enumerate(self._parts):
+                results[s] = [part._evict(request)]
         else:
             short = 0
             for s, part in enumerate(self._parts):
                 share = split(request.max_entries, s, self.shards)
                 if share:
-                    short += share - run(part, request.model_copy(update={"max_entries": share}))
-            for part in self._parts:
+                    mine = request.model_copy(update={"max_entries": share})
+                    results[s] = [part._evict(mine)]
+                    short += share - results[s][0].keys
+            for s, part in enumerate(self._parts):
                 if short <= 0:
                     break
-                short -= run(part, request.model_copy(update={"max_entries": short}))
+                before = sum(r.keys for r in results.get(s, []))
+                asked = short + (before if request.dry_run else 0)
+                result = part._evict(request.model_copy(update={"max_entries": asked}))
+                if request.dry_run:
+                    results[s] = [result]
+                    short -= result.keys - before
+                else:
+                    results.setdefault(s, []).append(result)
+                    short -= result.keys
+        done = [r for rs in results.values() for r in rs]
+        by_namespace: dict[str, int] = {}
+        for result in done:
+            for ns, count in result.by_namespace.items():
+                by_namespace[ns] = by_namespace.get(ns, 0) + count
         return EvictResult(
-            keys=keys, pages=pages, bytes=freed, dry_run=request.dry_run, by_namespace=by_namespace
+            keys=sum(r.keys for r in done),
+            pages=sum(r.pages for r in done),
+            bytes=sum(r.bytes for r in done),
+            dry_run=request.dry_run,
+            by_namespace=by_namespace,
         )
 
     def stats(self) -> StoreStats:
