@@ -65,6 +65,7 @@ class Opener:
         shards: int | None = SHARDS,
         root: Path | None = None,
         capacity: str = "100%",
+        quotas: dict[str, str] | None = None,
         **metadata: Any,
     ) -> Any:
         """A client of `url` (default: the cluster with `?shards=`); `root` is the
@@ -80,6 +81,8 @@ class Opener:
             f"  url: {url}",
             *(f"  {name}: {value}" for name, value in settings.items()),
         ]
+        if quotas:
+            lines += ["quotas:", *(f"  {name}: '{value}'" for name, value in quotas.items())]
         config_file = self.directory / f"hf3fs-{len(self.opened)}.yaml"
         config_file.write_text("\n".join(lines) + "\n")
         client = connect(load_config(config_file, environ={}))
@@ -232,6 +235,35 @@ def test_a_full_store_holds_no_more_than_its_capacity_and_every_shard_evicts(
         assert 0.5 * capacity_pages < stored <= capacity_pages
     finally:
         for file in files:
+            file.close()
+
+
+def test_a_byte_quota_is_split_over_the_shards_and_holds(
+    opener: Opener, redis: Any, tmp_path: Path
+) -> None:
+    root = tmp_path / "root"
+    root.mkdir()
+    quota = 64 * PAGE_BYTES
+    store = opener.open(root=root, quotas={"a": "256KiB"}, high_watermark=0.9, low_watermark=0.7)
+    store.set_capacity(1024 * PAGE_BYTES)
+    (a, a_files), (b, b_files) = (register_growable(store, root, model=m) for m in "ab")
+    try:
+        assert store.namespace_stats(a).quota_bytes == quota  # 4 shares of 16 pages
+        assert store.namespace_stats(b).quota_bytes is None
+        other = [keys(8, salt=f"b{i}-") for i in range(8)]
+        for chain in other:
+            store_written(store, b, b_files, chain)
+        held = []
+        for i in range(30):  # 240 pages into a quota of 64
+            store_written(store, a, a_files, keys(8, salt=f"a{i}-"))
+            held.append(store.namespace_stats(a).bytes_used)
+        assert max(held) <= quota and max(held) > 0.7 * quota, held
+        evicted = [int(redis.hget(f"{p}ev:{a}", "quota:keys") or 0) for p in prefixes(store)]
+        assert all(count > 0 for count in evicted), evicted  # every shard held a to its share
+        assert store.namespace_stats(b).evicted == {}  # the quota took only a's keys
+        assert [store.lookup(b, chain) for chain in other] == [8] * len(other)
+    finally:
+        for file in [*a_files, *b_files]:
             file.close()
 
 
@@ -449,28 +481,48 @@ def test_an_expiring_key_saved_at_two_depths_counts_once(opener: Opener, tmp_pat
 # --- 5. one change log over the shards ----------------------------------------------
 
 
-def test_a_follower_sees_every_change_once_across_the_shards(opener: Opener) -> None:
-    store, follower = opener.open(), opener.open()
-    spaces = {register(store, model="one"): 1, register(store, model="two", tp_size=2): 2}
-    start = follower.changes(-1)
-    assert (start.changes, start.missed) == ([], False)
-    since, answered = start.next_seq, [start.next_seq]
-    seen: Counter[tuple[str, int]] = Counter()
-    committed: Counter[tuple[str, int]] = Counter()
+class Follower:
+    """A reader of the change log from its end, `limit` rows a call (of one namespace, or
+    all): what it saw as a multiset of (key, delta), and the cursors it was given."""
 
-    def poll() -> int:
-        nonlocal since
-        log = follower.changes(since, limit=5)
-        assert not log.missed and len(log.changes) <= 5
-        seen.update((c.key, c.delta) for c in log.changes)
-        if log.changes:  # a new cursor, after every one answered before
-            assert log.next_seq > max(answered), (log.next_seq, answered)
-            answered.append(log.next_seq)
-        else:  # nothing moved: the same cursor
-            assert log.next_seq == since
-        since = log.next_seq
+    def __init__(self, client: Any, namespace: str | None = None, limit: int = 5) -> None:
+        self.client, self.namespace, self.limit = client, namespace, limit
+        start = client.changes(-1, namespace=namespace)
+        assert (start.changes, start.missed) == ([], False)
+        self.since, self.answered = start.next_seq, [start.next_seq]
+        self.seen: Counter[tuple[str, int]] = Counter()
+
+    def poll(self) -> int:
+        """One call; how many rows it gave."""
+        log = self.client.changes(self.since, namespace=self.namespace, limit=self.limit)
+        assert not log.missed and len(log.changes) <= self.limit
+        assert all(self.namespace in (None, c.namespace) for c in log.changes)
+        self.seen.update((c.key, c.delta) for c in log.changes)
+        if log.next_seq != self.since:  # something moved: a new cursor, after every one
+            assert log.next_seq > max(self.answered), (log.next_seq, self.answered)
+            self.answered.append(log.next_seq)
+        else:  # nothing moved: the same cursor, and no rows
+            assert log.changes == []
+        if self.namespace is None:  # no filter: rows whenever the cursor moves
+            assert bool(log.changes) == (log.next_seq != self.since)
+        self.since = log.next_seq
         return len(log.changes)
 
+    def drain(self) -> None:
+        """Poll until the cursor stays where it is (the log's end)."""
+        while True:
+            before = self.since
+            self.poll()
+            if self.since == before:
+                return
+
+
+def test_a_follower_sees_every_change_once_across_the_shards(opener: Opener) -> None:
+    store = opener.open()
+    spaces = {register(store, model="one"): 1, register(store, model="two", tp_size=2): 2}
+    mine = next(iter(spaces))
+    every, filtered = Follower(opener.open()), Follower(opener.open(), namespace=mine, limit=3)
+    committed: Counter[tuple[str, int]] = Counter()
     choice = random.Random(5)
     for i in range(40):
         ns = choice.choice(list(spaces))
@@ -481,19 +533,23 @@ def test_a_follower_sees_every_change_once_across_the_shards(opener: Opener) -> 
             committed.update((a.key, 1) for a in got.allocated)
         if i % 7 == 6:
             store.evict(EvictRequest(max_entries=3))  # whichever the shards take
-        poll()
+        every.poll()
+        filtered.poll()
     store.evict(EvictRequest(all=True))
-    while poll():
-        pass
+    every.drain()
+    filtered.drain()
     removed = Counter({(key, -1): count for (key, _), count in committed.items()})
-    assert seen == committed + removed  # each commit and each removal, once
-    assert len(answered) > 40  # the limit made the follower page
-    assert follower.changes(10**9).missed  # a cursor this store never gave
-    end = follower.changes(-1)
-    assert end.changes == [] and follower.changes(end.next_seq).changes == []
-    ns = next(iter(spaces))
-    store_keys(store, ns, keys(1, salt="last"))
-    after = follower.changes(end.next_seq)
+    assert every.seen == committed + removed  # each commit and each removal, once
+    ours = set(keys(66, salt=mine))
+    assert filtered.seen == Counter(
+        {change: n for change, n in (committed + removed).items() if change[0] in ours}
+    )
+    assert len(every.answered) > 40 and len(filtered.answered) > 40  # they paged
+    assert store.changes(10**9).missed  # a cursor this store never gave
+    end = store.changes(-1)
+    assert end.changes == [] and store.changes(end.next_seq).changes == []
+    store_keys(store, mine, keys(1, salt="last"))
+    after = store.changes(end.next_seq)
     assert [(c.key, c.delta) for c in after.changes] == [(keys(1, salt="last")[0], 1)]
 
 
