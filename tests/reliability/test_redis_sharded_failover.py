@@ -117,15 +117,6 @@ def test_a_killed_master_fails_over_and_every_shard_keeps_what_was_replicated(
         store.close()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="sharded.py ShardedRedisStore._scripts: a call spanning shards sends each "
-    "master's pipeline to the node the cached slot map names; a dead master's "
-    "ConnectionError is only retried on that same map (connection.call), never through "
-    "the cluster client, so the map is never refreshed and a client that only allocates, "
-    "commits and locates (no lookup, no one-shard call) fails with MetadataUnavailable "
-    "after a failover for as long as it lives",
-)
 def test_a_client_that_only_saves_resumes_after_a_failover(cluster: RedisClusterServers) -> None:
     store = open_metadata_client(f"{cluster.url}?shards={SHARDS}", timeout_s=2.0)
     try:

@@ -305,12 +305,6 @@ def test_an_empty_one_slot_store_opens_sharded(opener: Opener) -> None:
         opener.open(shards=None)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="sharded.py: an empty one-slot store's capacity_bytes in {hf3fsctl}:info is read "
-    "as shard 0's share when the store is opened sharded (shards 1-3 have none), so "
-    "capacity() is None (unbounded; or the whole plus 3 default shares with a root)",
-)
 def test_an_empty_one_slot_store_keeps_its_capacity_when_opened_sharded(
     opener: Opener, redis: Any
 ) -> None:

@@ -93,25 +93,27 @@ def check_format(store: StoreAccess) -> None:
     )
 
 
-def check_shards(store: StoreAccess, shards: int) -> None:
+def check_shards(store: StoreAccess, shards: int) -> bool:
     """Record `shards` (`info.shards` of shard 0, the store's first prefix) in a new store;
     refuse a store split into another number of shards (its keys and pages are placed
-    by that number: `sharded.py`). A store without the field is one shard.
+    by that number: `sharded.py`). A store without the field is one shard. Returns
+    whether this call recorded it (the store was made sharded now).
 
     Raises:
         ConfigError: naming `metadata.url`, with the number the store was made with.
     """
     redis = store.redis
     info = store.key("info")
+    made = False
     try:
         if shards > 1:
             fresh = store.read(lambda: redis.zcard(store.key("namespaces"))) == 0
             if fresh:
-                store.read(lambda: redis.hsetnx(info, "shards", shards))
+                made = bool(store.read(lambda: redis.hsetnx(info, "shards", shards)))
         raw = store.read(lambda: redis.hget(info, "shards"))
     except MetadataUnavailable as exc:
         logger.debug("Redis store %s: shards not checked: %s", store.url, exc)
-        return
+        return False
     recorded = int(raw) if raw is not None else 1
     if recorded != shards:
         from hf3fsctl.errors import ConfigError
@@ -127,6 +129,7 @@ def check_shards(store: StoreAccess, shards: int) -> None:
                 "made; a sharded store needs a new, empty one)"
             ),
         )
+    return made
 
 
 def _migrate(store: StoreAccess, script: str, done: str, what: str, to: int) -> None:

@@ -28,8 +28,8 @@ What changes against one slot (docs/design.md, "Redis Cluster: sharding"):
   `pending_timeout_s`; a `pin` refused by one shard's limit keeps the other shards'
   pins;
 - the change log is one log per shard: `changes` reads each, and its `next_seq` is the
-  id of a cursor recorded in shard 0 (every shard's position; kept a day,
-  `CURSOR_TTL_S`), so a follower's cursor stays one integer. A change's `seq` is
+  id of a cursor recorded in shard 0 (every shard's position; the last
+  `CURSORS_KEPT` kept), so a follower's cursor stays one integer. A change's `seq` is
   `shard seq * N + shard`: unique, increasing per key;
 - admin calls (`stats`, `ls`, `evict`, pins, namespaces) ask every shard and merge.
 
@@ -85,7 +85,10 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 CLUSTER_SLOTS = 16_384
-CURSOR_TTL_S = 86_400  # how long a change-log cursor (every shard's position) is kept
+# Change-log cursors (every shard's position) kept: the newest, one per `changes` call
+# that moved (~100 B each); a follower whose cursor is older starts at the ends, told it
+# missed changes, as after the log's own trim.
+CURSORS_KEPT = 100_000
 
 
 def shard_prefix(prefix: str, shard: int, shards: int) -> str:
@@ -308,7 +311,7 @@ class ShardedRedisStore(StoreCore):
         self.shards = shards
         self.prefix = prefix
         self._redis = redis_client(target, timeout_s=timeout_s, token=token, ca_file=ca_file)
-        check_shards(  # before a shard's open migrates anything
+        made = check_shards(  # before a shard's open migrates anything
             StoreAccess(
                 self.url,
                 self._redis,
@@ -344,6 +347,10 @@ class ShardedRedisStore(StoreCore):
             self.shard_of,
         )
         try:
+            if made:  # a store made sharded just now: a capacity recorded before is the whole
+                whole = self._parts[0]._capacity_held()[0]
+                if whole is not None:
+                    self._set_capacity(whole)
             recorded, held = self._capacity_held()
             if recorded is None:
                 self._default_capacity(held)
@@ -448,7 +455,12 @@ class ShardedRedisStore(StoreCore):
                 pipe = connection.pipeline(transaction=False)
                 for shard in shards:
                     pipe.evalsha(script.sha, 1, self._parts[shard].prefix, *calls[shard])
-                for shard, reply in zip(shards, pipe.execute(raise_on_error=False), strict=True):
+                try:
+                    answers = pipe.execute(raise_on_error=False)
+                except (rex.ConnectionError, rex.TimeoutError):
+                    self._refresh_slot_map()  # a master lost: the next call finds its successor
+                    raise
+                for shard, reply in zip(shards, answers, strict=True):
                     if isinstance(reply, redirected):
                         again.append(shard)
                     elif isinstance(reply, Exception):
@@ -460,6 +472,14 @@ class ShardedRedisStore(StoreCore):
             return replies
 
         return call(run, self.url, idempotent=idempotent)
+
+    def _refresh_slot_map(self) -> None:
+        """Ask the cluster for its slot map again (the pipelines above go to the masters
+        the cached map names; the cluster client refreshes only its own calls' map)."""
+        try:
+            self._redis.nodes_manager.initialize()
+        except (rex.RedisError, OSError) as exc:  # still failing over: the next call asks
+            logger.debug("Redis Cluster %s: slot map not refreshed: %s", self.url, exc)
 
     def _locate(self, namespace: str, rank: int, keys: Sequence[str]) -> list[Location | None]:
         if not keys:
@@ -716,7 +736,7 @@ class ShardedRedisStore(StoreCore):
         if since <= 0:  # -1: every shard's end; 0: every shard's start
             positions = [since] * self.shards
         else:
-            raw = first._read(lambda: self._redis.get(first._key("cursor", since)))
+            raw = first._read(lambda: self._redis.hget(first._key("cursors"), since))
             missed = raw is None  # an unknown or expired cursor: start at the ends
             positions = (
                 [int(p) for p in str(raw).split(",")] if raw is not None else [-1] * self.shards
@@ -737,9 +757,16 @@ class ShardedRedisStore(StoreCore):
             ends.append(log.next_seq)
         if since > 0 and ends == positions:
             return ChangeLog(changes=changes, next_seq=since, missed=missed)
-        cursor = int(first._read(lambda: self._redis.incr(first._key("cursors"))))
+        cursor = int(first._read(lambda: self._redis.incr(first._key("cursor_id"))))
         text = ",".join(map(str, ends))
-        first._read(lambda: self._redis.set(first._key("cursor", cursor), text, ex=CURSOR_TTL_S))
+
+        def record() -> None:
+            pipe = self._redis.pipeline(transaction=False)  # one slot: shard 0's
+            pipe.hset(first._key("cursors"), cursor, text)
+            pipe.hdel(first._key("cursors"), cursor - CURSORS_KEPT)
+            pipe.execute()
+
+        first._read(record)
         return ChangeLog(changes=changes, next_seq=cursor, missed=missed)
 
     def health(self) -> dict[str, Any]:
