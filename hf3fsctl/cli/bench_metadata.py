@@ -150,9 +150,9 @@ def metadata(
             "--shards",
             min=1,
             help="--mode redis-sharded: shards of the store (?shards=N) over the cluster's "
-            "3 masters (12: 4 per master).",
+            "3 masters (3: one per master, the count docs/operations.md advises).",
         ),
-    ] = 12,
+    ] = 3,
     directory: Annotated[
         Path | None,
         typer.Option(
@@ -204,6 +204,7 @@ def metadata(
                 "workers": workers,
                 "directory": directory,
                 "keep": keep,
+                "shards": shards,
             },
             json_stdout=json_output,
             json_path=json_out,

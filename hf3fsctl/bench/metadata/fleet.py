@@ -38,10 +38,20 @@ from hf3fsctl.bench.metadata.scale import run_scale
 from hf3fsctl.bench.metadata.settings import ScaleSettings
 from hf3fsctl.errors import InvalidRequest
 
-FLEET_MODES = ("serve", "redis", "in-tree")
+FLEET_MODES = ("serve", "redis", "in-tree", "redis-sharded")
+DEFAULT_FLEET_MODES = ("serve", "redis", "in-tree")  # redis-sharded when asked (a cluster)
 
 
-INSTANCE = {"serve": "serve replicas", "redis": "Redis shards", "in-tree": "in-tree servers"}
+# What one instance is: a `serve` replica or an in-tree server (one core each), a Redis
+# store of its own (one core: the fleet split over separate stores), or one master of a
+# sharded store (one shard each, `?shards=N`: the fleet on one store over N masters;
+# its CPU per call is every master's, so it counts the cost of touching N shards).
+INSTANCE = {
+    "serve": "serve replicas",
+    "redis": "Redis stores (one core each)",
+    "in-tree": "in-tree servers",
+    "redis-sharded": "Redis Cluster masters (one shard each)",
+}
 
 
 @dataclass(frozen=True)
@@ -56,8 +66,9 @@ class FleetSettings:
     hit_ratio: float = 0.5
     utilization: float = 0.7
     entries: int = 100_000
-    modes: tuple[str, ...] = FLEET_MODES
+    modes: tuple[str, ...] = DEFAULT_FLEET_MODES
     clients: int = 2
+    shards: int = 3  # redis-sharded: shards on the private cluster's 3 masters, one each
     seconds: float = 3.0
     workers: int = 1
     directory: Path | None = None
@@ -165,6 +176,7 @@ def run_fleet(
             directory=settings.directory,
             keep=settings.keep,
             cells=tuple(cells),
+            shards=settings.shards,
         ),
         progress=progress,
     )

@@ -100,7 +100,7 @@ class MetadataSettings:
     workers: int = 1
     directory: Path | None = None
     keep: bool = False
-    shards: int = 12
+    shards: int = 3
 
     @classmethod
     def quick(cls, **overrides: Any) -> MetadataSettings:
@@ -174,7 +174,7 @@ class ScaleSettings:
     directory: Path | None = None
     keep: bool = False
     cells: tuple[tuple[str, str, int], ...] = SCALE_CELLS
-    shards: int = 12
+    shards: int = 3
 
     @classmethod
     def quick(cls, **overrides: Any) -> ScaleSettings:
