@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import shutil
 import signal
-import socket
 import subprocess
 import time
 from collections.abc import Iterator, Sequence
@@ -36,6 +35,7 @@ from typing import Any
 import pytest
 
 from helpers.servers import free_port
+from hf3fsctl.bench.peers.redis_cluster import free_ports
 
 HOST = "127.0.0.1"
 SERVICE = "hf3fsctl"  # the Sentinel service name (`redis+sentinel://…/SERVICE`)
@@ -45,19 +45,6 @@ START_TIMEOUT_S = 20.0
 def redis_binaries_missing() -> list[str]:
     """The Redis binaries this machine lacks (`make test` installs them)."""
     return [name for name in ("redis-server", "redis-sentinel") if shutil.which(name) is None]
-
-
-def free_ports(count: int) -> list[int]:
-    """`count` distinct TCP ports that were free on 127.0.0.1 a moment ago (held open
-    together while chosen, so no two are the same)."""
-    sockets = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(count)]
-    try:
-        for sock in sockets:
-            sock.bind((HOST, 0))
-        return [int(sock.getsockname()[1]) for sock in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
 
 
 def connect_port(port: int, timeout_s: float = 1.0) -> Any:
