@@ -43,7 +43,7 @@ from __future__ import annotations
 import itertools
 import logging
 import zlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import redis.exceptions as rex
@@ -140,6 +140,22 @@ def _shard_policy(policy: StorePolicy, shards: int) -> StorePolicy:
     )
 
 
+def by_master(
+    client: Any, prefixes: Sequence[str], shards: Iterable[int]
+) -> tuple[dict[str, tuple[Any, list[int]]], list[int]]:
+    """`shards` grouped by the master the cached slot map names for each (that master's
+    own connection, its shards in order), and the shards it names no master for."""
+    groups: dict[str, tuple[Any, list[int]]] = {}
+    unplaced: list[int] = []
+    for shard in shards:
+        node = client.get_node_from_key(prefixes[shard])
+        if node is None or node.redis_connection is None:
+            unplaced.append(shard)
+        else:
+            groups.setdefault(node.name, (node.redis_connection, []))[1].append(shard)
+    return groups, unplaced
+
+
 class ShardPuncher(HolePuncher):
     """A shard's hole puncher: its marks name its own page numbers; the file holds them
     at `page * shards + shard`."""
@@ -229,12 +245,9 @@ class ShardedLookups(Lookups):
     ) -> tuple[dict[int, list[Any]], list[Any]]:
         """Every shard's `HMGET` and the counter script, one pipeline per master; through
         the cluster client (which follows a moved slot) when a master's own fails."""
-        by_node: dict[str, tuple[Any, list[int]]] = {}
-        for shard in sorted({0, *fields}):
-            node = self.client.get_node_from_key(self.prefixes[shard])
-            if node is None or node.redis_connection is None:
-                return self._through_cluster(table, fields, counters)
-            by_node.setdefault(node.name, (node.redis_connection, []))[1].append(shard)
+        by_node, unplaced = by_master(self.client, self.prefixes, sorted({0, *fields}))
+        if unplaced:
+            return self._through_cluster(table, fields, counters)
         values: dict[int, list[Any]] = {}
         script_reply: list[Any] = []
         # shard 0's master (the counter script) last: a master lost midway is retried
@@ -442,14 +455,7 @@ class ShardedRedisStore(StoreCore):
         redirected = (rex.NoScriptError, rex.MovedError, rex.AskError, rex.TryAgainError)
 
         def run() -> dict[int, Any]:
-            groups: dict[str, tuple[Any, list[int]]] = {}
-            again: list[int] = []
-            for shard in calls:
-                node = self._redis.get_node_from_key(self._parts[shard].prefix)
-                if node is None or node.redis_connection is None:
-                    again.append(shard)
-                else:
-                    groups.setdefault(node.name, (node.redis_connection, []))[1].append(shard)
+            groups, again = by_master(self._redis, [part.prefix for part in self._parts], calls)
             replies: dict[int, Any] = {}
             for connection, shards in groups.values():
                 pipe = connection.pipeline(transaction=False)
@@ -485,17 +491,14 @@ class ShardedRedisStore(StoreCore):
         if not keys:
             return self._parts[0]._locate(namespace, rank, keys)
         out: list[Location | None] = [None] * len(keys)
-        by_shard = {
-            shard: [keys[i] for i in where] for shard, where in self._by_shard(keys).items()
-        }
-        calls = {
-            shard: self._parts[shard]._locate_args(namespace, rank, mine)
-            for shard, mine in by_shard.items()
-        }
-        replies = self._scripts("locate", calls, idempotent=True)
         positions = self._by_shard(keys)
-        for shard, flat in replies.items():
-            found = self._parts[shard]._locate_answer(by_shard[shard], flat)
+        mine = {shard: [keys[i] for i in where] for shard, where in positions.items()}
+        calls = {
+            shard: self._parts[shard]._locate_args(namespace, rank, asked)
+            for shard, asked in mine.items()
+        }
+        for shard, flat in self._scripts("locate", calls, idempotent=True).items():
+            found = self._parts[shard]._locate_answer(mine[shard], flat)
             for index, location in zip(positions[shard], found, strict=True):
                 if location is not None:
                     page = self._global(location.page, shard)
