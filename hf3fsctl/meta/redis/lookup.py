@@ -40,6 +40,24 @@ logger = logging.getLogger(__name__)
 RAW = {NEVER_DECODE: True}
 
 
+def leading(values: Sequence[Any], ranks: int, now_ms: float) -> int:
+    """How many leading `HMGET` values count: one rank's entries (committed and
+    unexpired), or more ranks' `c:NS` values (committed on every rank, unexpired)."""
+    found = 0
+    if ranks == 1:
+        for value in values:
+            # a committed entry without expiry, else the entry's flags and expiry
+            if value is None or (value[:8] != FOREVER and not entry_counts(value, now_ms)):
+                break
+            found += 1
+    else:
+        for value in values:
+            if not committed_counts(value, ranks, now_ms):
+                break
+            found += 1
+    return found
+
+
 class Lookups:
     """The store's lookups: its client, the `count_lookup` script, the hits not yet
     counted, and each namespace's ranks once read."""
@@ -96,19 +114,7 @@ class Lookups:
             self.hits.add(pending)  # not counted: keep them for the next lookup
             raise
         answered, now_ms = int(replies[-1][0]), float(replies[-1][1])
-        found = 0
-        if keys and answered == ranks:
-            if ranks == 1:
-                for value in replies[0]:
-                    # a committed entry without expiry, else the entry's flags and expiry
-                    if value is None or (value[:8] != FOREVER and not entry_counts(value, now_ms)):
-                        break
-                    found += 1
-            else:
-                for value in replies[0]:
-                    if not committed_counts(value, ranks, now_ms):
-                        break
-                    found += 1
+        found = leading(replies[0], ranks, now_ms) if keys and answered == ranks else 0
         if found:
             self.hits.add({namespace: found})
         return found, answered

@@ -72,9 +72,9 @@ from hf3fsctl.meta.models import (
     WriterInfo,
 )
 from hf3fsctl.meta.policy import StorePolicy
-from hf3fsctl.meta.redis.codec import FOREVER, committed_counts, encode_key, entry_counts
+from hf3fsctl.meta.redis.codec import encode_key
 from hf3fsctl.meta.redis.connection import call, redis_client
-from hf3fsctl.meta.redis.lookup import RAW, Lookups
+from hf3fsctl.meta.redis.lookup import RAW, Lookups, leading
 from hf3fsctl.meta.redis.lookup_hits import LookupHits
 from hf3fsctl.meta.redis.migration import StoreAccess, check_shards
 from hf3fsctl.meta.redis.store import PREFIX, RedisMetadataStore
@@ -218,24 +218,11 @@ class ShardedLookups(Lookups):
             self.hits.add(pending)
             raise
         answered, now_ms = int(script_reply[0]), float(script_reply[1])
-        found = len(keys)
-        if keys and answered == ranks:
-            for shard, replies in values.items():
-                where = positions[shard]
-                for j, value in enumerate(replies):
-                    if where[j] >= found:
-                        break
-                    if ranks == 1:
-                        counts = value is not None and (
-                            value[:8] == FOREVER or entry_counts(value, now_ms)
-                        )
-                    else:
-                        counts = committed_counts(value, ranks, now_ms)
-                    if not counts:
-                        found = where[j]
-                        break
-        else:
-            found = 0
+        found = len(keys) if answered == ranks else 0
+        for shard, replies in values.items() if found else ():
+            counted = leading(replies, ranks, now_ms)  # the shard's first miss ends the chain
+            if counted < len(replies):
+                found = min(found, positions[shard][counted])
         if found:
             self.hits.add({namespace: found})
         return found, answered
