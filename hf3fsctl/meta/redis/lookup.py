@@ -93,30 +93,39 @@ class Lookups:
         return int(value)
 
     def _lookup(self, namespace: str, keys: Sequence[str], ranks: int) -> tuple[int, int]:
+        """(leading keys that count, the namespace's ranks as the counter script answered):
+        one `_ask`, this process's pending hits counted with it."""
         pending = self.hits.take()
         counters: list[Any] = [namespace, len(keys)]
         for ns, hits in pending.items():
             counters += [ns, hits]
-        read = f"{self.prefix}e:{namespace}:0" if ranks == 1 else f"{self.prefix}c:{namespace}"
-        fromhex = bytes.fromhex  # `encode_key`, inlined for even keys: per key, per lookup
-        fields = [fromhex(key) if not len(key) & 1 else encode_key(key) for key in keys]
 
-        def run() -> list[Any]:
+        def run() -> tuple[int, int]:
             try:
-                return self._pipeline(read, fields, counters)
+                return self._ask(namespace, keys, ranks, counters)
             except rex.NoScriptError:  # a fresh server (after a failover): load, ask again
                 self.client.script_load(self.script.script)
-                return self._pipeline(read, fields, counters)
+                return self._ask(namespace, keys, ranks, counters)
 
         try:
-            replies = call(run, self.where, idempotent=True)
+            found, answered = call(run, self.where, idempotent=True)
         except BaseException:
             self.hits.add(pending)  # not counted: keep them for the next lookup
             raise
-        answered, now_ms = int(replies[-1][0]), float(replies[-1][1])
-        found = leading(replies[0], ranks, now_ms) if keys and answered == ranks else 0
         if found:
             self.hits.add({namespace: found})
+        return found, answered
+
+    def _ask(
+        self, namespace: str, keys: Sequence[str], ranks: int, counters: list[Any]
+    ) -> tuple[int, int]:
+        """The round trip: the `HMGET` and the counter script, read."""
+        read = f"{self.prefix}e:{namespace}:0" if ranks == 1 else f"{self.prefix}c:{namespace}"
+        fromhex = bytes.fromhex  # `encode_key`, inlined for even keys: per key, per lookup
+        fields = [fromhex(key) if not len(key) & 1 else encode_key(key) for key in keys]
+        replies = self._pipeline(read, fields, counters)
+        answered, now_ms = int(replies[-1][0]), float(replies[-1][1])
+        found = leading(replies[0], ranks, now_ms) if keys and answered == ranks else 0
         return found, answered
 
     def _pipeline(self, read: str, fields: list[bytes], counters: list[Any]) -> list[Any]:

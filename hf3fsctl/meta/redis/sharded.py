@@ -192,11 +192,9 @@ class ShardedLookups(Lookups):
         self.prefixes = prefixes
         self.shard_of = shard_of
 
-    def _lookup(self, namespace: str, keys: Sequence[str], ranks: int) -> tuple[int, int]:
-        pending = self.hits.take()
-        counters: list[Any] = [namespace, len(keys)]
-        for ns, hits in pending.items():
-            counters += [ns, hits]
+    def _ask(
+        self, namespace: str, keys: Sequence[str], ranks: int, counters: list[Any]
+    ) -> tuple[int, int]:
         table = f"e:{namespace}:0" if ranks == 1 else f"c:{namespace}"
         positions: dict[int, list[int]] = {}
         fields: dict[int, list[bytes]] = {}
@@ -204,27 +202,13 @@ class ShardedLookups(Lookups):
             shard = self.shard_of(key)
             positions.setdefault(shard, []).append(index)
             fields.setdefault(shard, []).append(encode_key(key))
-
-        def run() -> tuple[dict[int, list[Any]], list[Any]]:
-            try:
-                return self._read_shards(table, fields, counters)
-            except rex.NoScriptError:  # a fresh master (after a failover): load, ask again
-                self.client.script_load(self.script.script)
-                return self._read_shards(table, fields, counters)
-
-        try:
-            values, script_reply = call(run, self.where, idempotent=True)
-        except BaseException:
-            self.hits.add(pending)
-            raise
+        values, script_reply = self._read_shards(table, fields, counters)
         answered, now_ms = int(script_reply[0]), float(script_reply[1])
         found = len(keys) if answered == ranks else 0
         for shard, replies in values.items() if found else ():
             counted = leading(replies, ranks, now_ms)  # the shard's first miss ends the chain
             if counted < len(replies):
                 found = min(found, positions[shard][counted])
-        if found:
-            self.hits.add({namespace: found})
         return found, answered
 
     def _read_shards(
