@@ -12,47 +12,22 @@ the new master holds a sound store.
 
 from __future__ import annotations
 
-import threading
 import time
-from collections.abc import Iterator
-from pathlib import Path
-from typing import Any
 
 import pytest
+from helpers.cluster_failover import (
+    SavingWriters,
+    cluster,
+    lookup_until_answered,
+    wait_replicated,
+)
 from helpers.meta_builders import commit_items, keys, register
 from helpers.redis_servers import RedisClusterServers
 
-from hf3fsctl.errors import MetadataUnavailable
 from hf3fsctl.meta.client import open_metadata_client
 
-PROMOTION_WAIT_S = 60.0
+__all__ = ["cluster"]  # the fixture used here
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
-
-
-@pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[RedisClusterServers]:
-    servers = RedisClusterServers(tmp_path / "cluster", masters=3, replicas=1).start()
-    try:
-        yield servers
-    finally:
-        servers.stop()
-
-
-def _offset(server: Any, field: str) -> int:
-    conn = server.client()
-    try:
-        return int(conn.info("replication").get(field, -1))
-    finally:
-        conn.close()
-
-
-def _replicates(server: Any, master: Any) -> bool:
-    conn = server.client()
-    try:
-        info = conn.info("replication")
-    finally:
-        conn.close()
-    return info.get("role") == "slave" and int(info.get("master_port", 0)) == master.port
 
 
 def test_a_killed_master_fails_over_and_keeps_what_was_replicated(
@@ -65,52 +40,13 @@ def test_a_killed_master_fails_over_and_keeps_what_was_replicated(
         result = store.allocate(ns, 0, saved)
         assert store.commit(ns, 0, commit_items(result.allocated)) == len(saved)
         master = cluster.owner("{hf3fsctl}:info")
-        replica = next(s for s in cluster.servers if _replicates(s, master))
-        acked = _offset(master, "master_repl_offset")
-        deadline = time.monotonic() + 10
-        while _offset(replica, "slave_repl_offset") < acked:  # replicated: safe to kill
-            assert time.monotonic() < deadline, "the replica never caught up"
-            time.sleep(0.02)
-        stop = threading.Event()
-        untyped: list[BaseException] = []
-        writes = {"ok": 0, "unavailable": 0}
-
-        def writer(i: int) -> None:
-            n = 0
-            while not stop.is_set():
-                batch = keys(8, start=n, salt=f"w{i}")
-                n += 8
-                try:
-                    got = store.allocate(ns, 0, batch)
-                    store.commit(ns, 0, commit_items(got.allocated))
-                    writes["ok"] += 1
-                except MetadataUnavailable:
-                    writes["unavailable"] += 1
-                    time.sleep(0.05)
-                except BaseException as exc:  # anything else fails the test
-                    untyped.append(exc)
-                    return
-
-        writers = [threading.Thread(target=writer, args=(i,)) for i in range(2)]
-        for thread in writers:
-            thread.start()
-        time.sleep(0.3)
-        master.kill()
-        outcomes: list[str] = []
-        deadline = time.monotonic() + PROMOTION_WAIT_S
-        while True:
-            try:
-                found = store.lookup(ns, saved)
-                outcomes.append("ok")
-                break
-            except MetadataUnavailable:
-                outcomes.append("unavailable")
-            assert time.monotonic() < deadline, f"no new master within {PROMOTION_WAIT_S}s"
-            time.sleep(0.1)
-        time.sleep(0.5)  # the writers run on the new master too
-        stop.set()
-        for thread in writers:
-            thread.join(30)
+        wait_replicated(cluster, master)  # replicated: safe to kill
+        with SavingWriters(store, ns) as writers:
+            time.sleep(0.3)
+            master.kill()
+            found, outcomes = lookup_until_answered(store, ns, saved)
+            time.sleep(0.5)  # the writers run on the new master too
+        untyped, writes = writers.untyped, writers.writes
         assert untyped == []  # every failed call was the typed MetadataUnavailable
         assert writes["ok"] > 0 and writes["unavailable"] > 0, writes
         assert "unavailable" in outcomes  # the kill was felt, as the typed error only

@@ -15,13 +15,18 @@ client that only saves (no lookup to refresh its view of the cluster) must resum
 
 from __future__ import annotations
 
-import threading
 import time
 
 import pytest
+from helpers.cluster_failover import (
+    PROMOTION_WAIT_S,
+    SavingWriters,
+    cluster,
+    lookup_until_answered,
+    wait_replicated,
+)
 from helpers.meta_builders import checksum, commit_items, keys, register
-from helpers.redis_servers import RedisClusterServers, RedisServer
-from test_redis_cluster_failover import PROMOTION_WAIT_S, _offset, _replicates, cluster
+from helpers.redis_servers import RedisClusterServers
 
 from hf3fsctl.errors import MetadataUnavailable
 from hf3fsctl.meta.client import open_metadata_client
@@ -31,17 +36,6 @@ __all__ = ["cluster"]  # the fixture used here
 
 SHARDS = 4
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
-
-
-def wait_replicated(cluster: RedisClusterServers, master: RedisServer) -> None:
-    """Until `master`'s replica has what the master acknowledged so far (then a kill loses
-    none of it, and the replica may be promoted)."""
-    replica = next(s for s in cluster.servers if _replicates(s, master))
-    acked = _offset(master, "master_repl_offset")
-    deadline = time.monotonic() + 10
-    while _offset(replica, "slave_repl_offset") < acked:
-        assert time.monotonic() < deadline, "the replica never caught up"
-        time.sleep(0.02)
 
 
 def test_a_killed_master_fails_over_and_every_shard_keeps_what_was_replicated(
@@ -57,49 +51,13 @@ def test_a_killed_master_fails_over_and_every_shard_keeps_what_was_replicated(
         assert {store.shard_of(k) for k in saved} == set(range(SHARDS))
         master = cluster.owner("{hf3fsctl}:info")  # shard 0's
         wait_replicated(cluster, master)
-        stop = threading.Event()
-        promoted = threading.Event()
-        untyped: list[BaseException] = []
-        writes = {"ok": 0, "unavailable": 0, "ok_after": 0}
-
-        def writer(i: int) -> None:
-            n = 0
-            while not stop.is_set():
-                batch = keys(8, start=n, salt=f"w{i}")
-                n += 8
-                try:
-                    got = store.allocate(ns, 0, batch)
-                    store.commit(ns, 0, commit_items(got.allocated))
-                    writes["ok"] += 1
-                    writes["ok_after"] += promoted.is_set()
-                except MetadataUnavailable:
-                    writes["unavailable"] += 1
-                    time.sleep(0.05)
-                except BaseException as exc:  # anything else fails the test
-                    untyped.append(exc)
-                    return
-
-        writers = [threading.Thread(target=writer, args=(i,)) for i in range(2)]
-        for thread in writers:
-            thread.start()
-        time.sleep(0.3)
-        master.kill()
-        outcomes: list[str] = []
-        deadline = time.monotonic() + PROMOTION_WAIT_S
-        while True:
-            try:
-                found = store.lookup(ns, saved)
-                outcomes.append("ok")
-                break
-            except MetadataUnavailable:
-                outcomes.append("unavailable")
-            assert time.monotonic() < deadline, f"no new master within {PROMOTION_WAIT_S}s"
-            time.sleep(0.1)
-        promoted.set()
-        time.sleep(0.5)  # the writers run on the new master too
-        stop.set()
-        for thread in writers:
-            thread.join(30)
+        with SavingWriters(store, ns) as writers:
+            time.sleep(0.3)
+            master.kill()
+            found, outcomes = lookup_until_answered(store, ns, saved)
+            writers.promoted.set()
+            time.sleep(0.5)  # the writers run on the new master too
+        untyped, writes = writers.untyped, writers.writes
         assert untyped == []  # every failed call was the typed MetadataUnavailable
         assert writes["ok_after"] > 0 and writes["unavailable"] > 0, writes
         assert "unavailable" in outcomes  # the kill was felt, as the typed error only
