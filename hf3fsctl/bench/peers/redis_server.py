@@ -69,12 +69,14 @@ class RedisServer:
             return int(client.info("memory")["used_memory"])
 
     def script_usec(self) -> tuple[int, int]:
-        """(calls, µs) of the Lua scripts run (EVAL, EVALSHA and their `_ro` twins), from
-        `INFO commandstats`: the time inside Redis, each script's own commands included
-        (they are also counted under their own names, so those are not added)."""
+        """(calls, µs) of the Lua run (functions: FCALL; scripts: EVAL, EVALSHA; and their
+        `_ro` twins), from `INFO commandstats`: the time inside Redis, each call's own
+        commands included (they are also counted under their own names, so those are not
+        added)."""
         with self.client() as client:
             stats = client.info("commandstats")
-        scripts = [v for k, v in stats.items() if k.removeprefix("cmdstat_").startswith("eval")]
+        lua = ("eval", "fcall")
+        scripts = [v for k, v in stats.items() if k.removeprefix("cmdstat_").startswith(lua)]
         return sum(int(v["calls"]) for v in scripts), sum(int(v["usec"]) for v in scripts)
 
     def memory_usage(self, sample_keys: int = 100_000, samples: int = 200) -> dict[str, Any]:

@@ -3,9 +3,11 @@
 `RedisMetadataStore` (`store.py`) is chosen by `metadata.url: redis://HOST:PORT/DB`,
 `rediss://…` (TLS), `redis+sentinel://HOST:PORT[,HOST:PORT]/SERVICE[/DB]` or
 `redis+cluster://HOST:PORT[,…]` (`connection.py`); `redis+cluster://…?shards=N` selects
-`ShardedRedisStore` (`sharded.py`): N such stores, one slot each, over the cluster. Every multi-key operation is one Lua script (`lua/*.lua`, with
-`lua/common.lua` prepended), run atomically by Redis in one round trip; `lookup` is one
-pipelined round trip of a native `HMGET` and a counter script.
+`ShardedRedisStore` (`sharded.py`): N such stores, one slot each, over the cluster.
+Every multi-key operation is one Lua script (`lua/*.lua` after `lua/common.lua`: one
+function library on Redis 7, scripts on older servers; `connection.StoreLua`), run
+atomically by Redis in one round trip; `lookup` is one pipelined round trip of a native
+`HMGET` and a counter script.
 
 Key layout, format 5 (every key starts with the prefix `{hf3fsctl}:`, one hash tag). A
 block key is stored as bytes (`codec.encode_key`: 64 hex digits are 32 bytes), in every

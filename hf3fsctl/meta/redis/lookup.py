@@ -29,8 +29,7 @@ from hf3fsctl.meta.redis.codec import FOREVER, committed_counts, encode_key, ent
 from hf3fsctl.meta.redis.connection import call
 
 if TYPE_CHECKING:
-    from redis.commands.core import Script
-
+    from hf3fsctl.meta.redis.connection import StoreLua
     from hf3fsctl.meta.redis.lookup_hits import LookupHits
 
 logger = logging.getLogger(__name__)
@@ -63,13 +62,13 @@ class Lookups:
     counted, and each namespace's ranks once read."""
 
     def __init__(
-        self, client: Any, prefix: str, where: str, cluster: bool, script: Script, hits: LookupHits
+        self, client: Any, prefix: str, where: str, cluster: bool, lua: StoreLua, hits: LookupHits
     ) -> None:
         self.client = client
         self.prefix = prefix
         self.where = where
         self.cluster = cluster
-        self.script = script
+        self.lua = lua
         self.hits = hits
         self.ranks: dict[str, int] = {}  # namespace → its ranks (fixed by its manifest)
 
@@ -103,9 +102,13 @@ class Lookups:
         def run() -> tuple[int, int]:
             try:
                 return self._ask(namespace, keys, ranks, counters)
-            except rex.NoScriptError:  # a fresh server (after a failover): load, ask again
-                self.client.script_load(self.script.script)
-                return self._ask(namespace, keys, ranks, counters)
+            except rex.ResponseError as exc:
+                if not self.lua.missing(exc):
+                    raise
+            # a server without the counter (new, or after a failover): once through `run`,
+            # which loads it (or finds the server runs no functions), then ask again
+            self.lua.run("count_lookup", self.prefix, ["", 0])
+            return self._ask(namespace, keys, ranks, counters)
 
         try:
             found, answered = call(run, self.where, idempotent=True)
@@ -142,7 +145,7 @@ class Lookups:
                     # (a timeout is not repeated: `call` says why)
                     logger.debug("Redis Cluster %s: %s; through the slot map", self.where, exc)
             head = [self.client.execute_command("HMGET", read, *fields, **RAW)] if fields else []
-            return [*head, self.script(keys=[self.prefix], args=counters)]
+            return [*head, self.lua.run("count_lookup", self.prefix, counters)]
         return self._pipelined(self.client, read, fields, counters)
 
     def _pipelined(
@@ -151,7 +154,7 @@ class Lookups:
         pipe = client.pipeline(transaction=False)
         if fields:
             pipe.execute_command("HMGET", read, *fields, **RAW)
-        pipe.evalsha(self.script.sha, 1, self.prefix, *counters)
+        self.lua.queue(pipe, "count_lookup", self.prefix, counters)
         # Errors come back as the exceptions themselves, not re-worded by the pipeline:
         # `translate` reads their kind as any other call's.
         replies = list(pipe.execute(raise_on_error=False))

@@ -16,7 +16,7 @@ from hf3fsctl.errors import Hf3fsctlError
 from hf3fsctl.meta.redis.connection import call
 
 if TYPE_CHECKING:
-    from redis.commands.core import Script
+    from hf3fsctl.meta.redis.connection import StoreLua
 
 logger = logging.getLogger(__name__)
 
@@ -26,8 +26,8 @@ class LookupHits:
     a lookup answered, so they ride along with the next one). Apart from the store, so
     the exit-time flush holds no reference to it."""
 
-    def __init__(self, script: Script, prefix: str, where: str) -> None:
-        self.script = script
+    def __init__(self, lua: StoreLua, prefix: str, where: str) -> None:
+        self.lua = lua
         self.prefix = prefix
         self.where = where
         self.pending: dict[str, int] = {}
@@ -54,6 +54,10 @@ class LookupHits:
         for ns, hits in pending.items():
             args += [ns, hits]
         try:
-            call(lambda: self.script(keys=[self.prefix], args=args), self.where, idempotent=False)
+            call(
+                lambda: self.lua.run("count_lookup", self.prefix, args),
+                self.where,
+                idempotent=False,
+            )
         except Hf3fsctlError as exc:
             logger.warning("Redis store %s: lookup hits not counted: %s", self.where, exc)

@@ -73,7 +73,7 @@ from hf3fsctl.meta.models import (
 )
 from hf3fsctl.meta.policy import StorePolicy
 from hf3fsctl.meta.redis.codec import encode_key
-from hf3fsctl.meta.redis.connection import call, redis_client
+from hf3fsctl.meta.redis.connection import StoreLua, call, redis_client
 from hf3fsctl.meta.redis.lookup import RAW, Lookups, leading
 from hf3fsctl.meta.redis.lookup_hits import LookupHits
 from hf3fsctl.meta.redis.migration import StoreAccess, check_shards
@@ -184,11 +184,11 @@ class ShardedLookups(Lookups):
         client: Any,
         prefixes: list[str],
         where: str,
-        script: Any,
+        lua: StoreLua,
         hits: LookupHits,
         shard_of: Callable[[str], int],
     ) -> None:
-        super().__init__(client, prefixes[0], where, True, script, hits)
+        super().__init__(client, prefixes[0], where, True, lua, hits)
         self.prefixes = prefixes
         self.shard_of = shard_of
 
@@ -232,7 +232,7 @@ class ShardedLookups(Lookups):
                         key = self.prefixes[shard] + table
                         pipe.execute_command("HMGET", key, *fields[shard], **RAW)
                     if shard == 0:
-                        pipe.evalsha(self.script.sha, 1, self.prefix, *counters)
+                        self.lua.queue(pipe, "count_lookup", self.prefix, counters)
                 replies = list(pipe.execute(raise_on_error=False))
                 for reply in replies:
                     if isinstance(reply, Exception):
@@ -255,7 +255,7 @@ class ShardedLookups(Lookups):
             shard: self.client.execute_command("HMGET", self.prefixes[shard] + table, *names, **RAW)
             for shard, names in fields.items()
         }
-        return values, self.script(keys=[self.prefix], args=counters)
+        return values, self.lua.run("count_lookup", self.prefix, counters)
 
 
 class ShardedRedisStore(StoreCore):
@@ -306,6 +306,7 @@ class ShardedRedisStore(StoreCore):
             shards,
         )
         each = _shard_policy(self.policy, shards)
+        lua = StoreLua(self._redis, self.url)  # one for every shard: one client
         self._parts = [
             RedisMetadataStore(
                 target,
@@ -317,6 +318,7 @@ class ShardedRedisStore(StoreCore):
                 prefix=shard_prefix(prefix, s, shards),
                 shard=(s, shards),
                 client=self._redis,
+                lua=lua,
                 puncher=ShardPuncher(self.policy.storage_root, s, shards),
             )
             for s in range(shards)
@@ -326,7 +328,7 @@ class ShardedRedisStore(StoreCore):
             self._redis,
             [part.prefix for part in self._parts],
             self.url,
-            first._scripts["count_lookup"],
+            first._lua,
             first._hits,
             self.shard_of,
         )
@@ -422,8 +424,8 @@ class ShardedRedisStore(StoreCore):
         if len(calls) == 1:
             ((shard, args),) = calls.items()
             return {shard: self._parts[shard]._run(name, args, idempotent=idempotent)}
-        script = self._parts[0]._scripts[name]
-        redirected = (rex.NoScriptError, rex.MovedError, rex.AskError, rex.TryAgainError)
+        lua = self._parts[0]._lua
+        redirected = (rex.MovedError, rex.AskError, rex.TryAgainError)
 
         def run() -> dict[int, Any]:
             groups, again = by_master(self._redis, [part.prefix for part in self._parts], calls)
@@ -431,21 +433,21 @@ class ShardedRedisStore(StoreCore):
             for connection, shards in groups.values():
                 pipe = connection.pipeline(transaction=False)
                 for shard in shards:
-                    pipe.evalsha(script.sha, 1, self._parts[shard].prefix, *calls[shard])
+                    lua.queue(pipe, name, self._parts[shard].prefix, calls[shard])
                 try:
                     answers = pipe.execute(raise_on_error=False)
                 except (rex.ConnectionError, rex.TimeoutError):
                     self._refresh_slot_map()  # a master lost: the next call finds its successor
                     raise
                 for shard, reply in zip(shards, answers, strict=True):
-                    if isinstance(reply, redirected):
+                    if isinstance(reply, redirected) or lua.missing(reply):
                         again.append(shard)
                     elif isinstance(reply, Exception):
                         raise reply
                     else:
                         replies[shard] = reply
             for shard in again:
-                replies[shard] = script(keys=[self._parts[shard].prefix], args=calls[shard])
+                replies[shard] = lua.run(name, self._parts[shard].prefix, calls[shard])
             return replies
 
         return call(run, self.url, idempotent=idempotent)

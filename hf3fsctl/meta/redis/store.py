@@ -2,7 +2,8 @@
 
 Same semantics, models and typed errors as the SQLite `MetadataStore`; the key layout
 and the scripts are described in `hf3fsctl/meta/redis/__init__.py`. Every data-path call
-is one round trip: one EVALSHA of a Lua script, which Redis runs atomically (no other
+is one round trip: one call of a Lua script (`FCALL` of the store's function library on
+Redis 7, else `EVALSHA`: `connection.StoreLua`), which Redis runs atomically (no other
 command runs while it does), so allocate — capacity, quotas, eviction and all — commit,
 release, invalidate and admin eviction are each one atomic step, whichever process or
 node calls them. Time is the Redis server's (`TIME` inside the scripts), so leases,
@@ -20,7 +21,7 @@ held) — or returns them to the free list if the file system refused. Marks a c
 process left are finished by the next store that opens (only marks older than
 `STALE_MARK_S`, so a live process's in-flight marks are never punched twice).
 
-Nothing lives in this process but the connection pool, the script hashes, each looked-up
+Nothing lives in this process but the connection pool, the Lua's names, each looked-up
 namespace's rank count (fixed by its manifest) and the hits of its last lookups (counted
 with its next lookup, or at stats, close or exit): several
 `hf3fsctl serve` replicas, connectors and CLI commands on one Redis see one store.
@@ -61,7 +62,7 @@ from hf3fsctl.meta.models import (
 from hf3fsctl.meta.policy import StorePolicy
 from hf3fsctl.meta.redis import reports
 from hf3fsctl.meta.redis.codec import decode_checksum, decode_key, encode_checksum, encode_key
-from hf3fsctl.meta.redis.connection import call, load_scripts, redis_client
+from hf3fsctl.meta.redis.connection import StoreLua, call, redis_client
 from hf3fsctl.meta.redis.lookup import Lookups
 from hf3fsctl.meta.redis.lookup_hits import LookupHits
 from hf3fsctl.meta.redis.migration import StoreAccess, check_format, check_shards
@@ -112,8 +113,8 @@ class RedisMetadataStore(StoreCore):
         policy: capacity, pins, quotas and the storage root (`StorePolicy`).
         prefix: the prefix of every key (several stores can share one Redis database).
         shard: `(index, shards)` when this is one shard of a `ShardedRedisStore`
-            (`sharded.py`): it then uses that store's `client` and `puncher` (which
-            punches its pages at their place in the page files) and leaves recording
+            (`sharded.py`): it then uses that store's `client`, `lua` and `puncher`
+            (which punches its pages at their place in the page files) and leaves recording
             the default capacity to it. None: a whole store, which refuses to open a
             sharded one.
     """
@@ -136,6 +137,7 @@ class RedisMetadataStore(StoreCore):
         shard: tuple[int, int] | None = None,
         client: Any | None = None,
         puncher: HolePuncher | None = None,
+        lua: StoreLua | None = None,
     ) -> None:
         self._init_core(
             target.url,  # redacted: safe to log and print
@@ -156,11 +158,9 @@ class RedisMetadataStore(StoreCore):
             else redis_client(target, timeout_s=timeout_s, token=token, ca_file=ca_file)
         )
         self._cluster = target.scheme == "redis+cluster"
-        self._scripts = load_scripts(self._redis)
-        self._hits = LookupHits(self._scripts["count_lookup"], prefix, self.url)
-        self._lookups = Lookups(
-            self._redis, prefix, self.url, self._cluster, self._scripts["count_lookup"], self._hits
-        )
+        self._lua = lua if lua is not None else StoreLua(self._redis, self.url)
+        self._hits = LookupHits(self._lua, prefix, self.url)
+        self._lookups = Lookups(self._redis, prefix, self.url, self._cluster, self._lua, self._hits)
         # A process that only looks up (the connector's scheduler) may exit without
         # `close`: count its last hits then too, as the embedded client flushes its
         # counters (multiprocessing's Finalize also runs in vLLM's EngineCore children).
@@ -174,10 +174,7 @@ class RedisMetadataStore(StoreCore):
     # --- plumbing ------------------------------------------------------------------------
 
     def _run(self, name: str, args: Sequence[Any], *, idempotent: bool = False) -> Any:
-        script = self._scripts[name]
-        return call(
-            lambda: script(keys=[self.prefix], args=list(args)), self.url, idempotent=idempotent
-        )
+        return call(lambda: self._lua.run(name, self.prefix, args), self.url, idempotent=idempotent)
 
     def _read(self, fn: Callable[[], T]) -> T:
         return call(fn, self.url, idempotent=True)

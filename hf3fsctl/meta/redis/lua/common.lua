@@ -1,17 +1,19 @@
--- Shared by every script of the Redis metadata store: prepended to each one when the
--- store loads it (hf3fsctl/meta/redis/connection.py). KEYS[1] is the key prefix; every key
+-- Shared by every script of the Redis metadata store: the head of its function library,
+-- or prepended to each script where the server has no functions
+-- (hf3fsctl/meta/redis/connection.py). KEYS[1] is the key prefix; every key
 -- a script touches starts with it (one hash tag, so one Cluster slot). The key layout is
 -- described in hf3fsctl/meta/redis/__init__.py and docs/design.md (decision 13).
 --
 -- Errors are raised as `error({err = "KIND message"})` before any write, with KIND one
 -- of NOTFOUND, INVALID, CONFLICT; the store turns them into its typed errors.
 
-local P = KEYS[1]
-
-local TIME = redis.call('TIME')
-local NOW = tonumber(TIME[1]) + tonumber(TIME[2]) / 1e6
--- µs since EPOCH_MS (2025-01-01), exact: the LRU generations' scores
-local NOW_US = (tonumber(TIME[1]) - 1735689600) * 1000000 + tonumber(TIME[2])
+-- Set for each call by `begin` (the end of this file), which every script runs first: the
+-- key prefix (KEYS[1]), the server's time (NOW in seconds; NOW_US in µs since EPOCH_MS,
+-- exact: the LRU generations' scores; NOW_MS, NOW_S, NOW_SCORE the same in other forms),
+-- the store's key names and the per-call caches. Run as Redis functions, this file is
+-- loaded once and its functions kept between calls: nothing else may hold a call's state.
+local P, NOW, NOW_US, NOW_MS, NOW_S, NOW_SCORE
+local K_INFO, K_NAMESPACES, K_MANIFESTS, K_FILES, K_HELD, K_GIVING, K_CHANGES, K_SEQ, K_ADM_AT
 
 local function f6(x) return string.format('%.6f', x) end
 
@@ -33,15 +35,11 @@ local function k_gi(ns) return P .. 'gi:' .. ns end             -- zset generati
 local function k_g(ns, id) return P .. 'g:' .. ns .. ':' .. string.format('%d', id) end  -- zset lru_member -> last access (µs)
 local function k_pins(ns) return P .. 'pins:' .. ns end         -- hash: key -> "expires created"
 local function k_ev(ns) return P .. 'ev:' .. ns end             -- hash: reason:keys / reason:bytes
-local K_INFO = P .. 'info'            -- hash: capacity_bytes, schema
-local K_NAMESPACES = P .. 'namespaces'  -- zset ns -> created
-local K_MANIFESTS = P .. 'manifests'  -- hash: ns -> manifest JSON
-local K_FILES = P .. 'files'          -- set of "ns:rank"
-local K_HELD = P .. 'held'            -- hash: ns -> bytes its files hold
-local K_GIVING = P .. 'giving'        -- hash: ns -> bytes marked to give back
-local K_CHANGES = P .. 'changes'      -- stream of (ns, key, delta), ids 0-SEQ
-local K_SEQ = P .. 'seq'              -- the last change's SEQ
-local K_ADM_AT = P .. 'adm_at'        -- zset NS .. key -> last sighting (admit's bound)
+-- info (hash: capacity_bytes, schema), namespaces (zset ns -> created), manifests (hash:
+-- ns -> manifest JSON), files (set of "ns:rank"), held (hash: ns -> bytes its files hold),
+-- giving (hash: ns -> bytes marked to give back), changes (stream of (ns, key, delta), ids
+-- 0-SEQ), seq (the last change's SEQ), adm_at (zset NS .. key -> last sighting: admit's
+-- bound): K_INFO … K_ADM_AT, named by `begin`
 local CHANGES_KEEP = 200000
 
 -- entries --------------------------------------------------------------------------
@@ -68,7 +66,6 @@ local TIME_MAX = EPOCH_MS + 1099511627775  -- what 5 bytes of ms hold
 local UNTIL_MAX = EPOCH_MS + 72057594037927  -- what 7 bytes of microseconds hold
 
 local function ms(t) return t * 1000 end  -- seconds -> ms
-local NOW_MS = ms(NOW)
 
 local function from_epoch(t) if t == 0 then return 0 end return t + EPOCH_MS end
 local function to_epoch(t)
@@ -117,16 +114,13 @@ end
 -- locates, and the first to go in an eviction.
 local function expired(e) return e.state == 1 and e.until_ > 0 and e.until_ <= NOW_MS end
 
-local NOW_S = f6(NOW)
-
 -- The pending and free sets (format 5) are scored in whole µs since EPOCH_MS, as the
 -- LRU generations: a pending key by its writer's deadline (its entry's `until`, the same
 -- integer), a free page by when it may be reused. Integer scores are stored as integers
 -- in a small sorted set's listpack; fractional ones as strings, which every insert
 -- parses for each member it walks past (64 keys added to a set of 64: ~500 against
--- ~115 µs of Redis CPU).
-local NOW_SCORE = string.format('%d', NOW_US)
--- a free page's score: reusable now, or when the freed entry's lease (ms, 0 none) ends
+-- ~115 µs of Redis CPU). NOW_SCORE is now's.
+-- A free page's score: reusable now, or when the freed entry's lease (ms, 0 none) ends
 local function free_score(lease)
   if lease > NOW_MS then return string.format('%d', (lease - EPOCH_MS) * 1000) end
   return NOW_SCORE
@@ -275,7 +269,7 @@ local function lru_us(t) return (t - EPOCH_MS / 1000) * 1000000 end
 -- `ns`, `delta`, `keys` (each key's byte length as one byte, then its bytes: keys are
 -- binary); its id is 0-SEQ of the run's last change, so
 -- the run's changes are SEQ-n+1 … SEQ. Trimmed by id: the newest CHANGES_KEEP changes.
-local CHANGES = {}
+local CHANGES  -- this call's changes (`begin` empties it)
 local function change(ns, key, delta) CHANGES[#CHANGES + 1] = {ns, key, delta} end
 local function flush_changes()
   if #CHANGES == 0 then return end
@@ -371,7 +365,7 @@ local function all_files()
   return out
 end
 
-local SLOTS = {}  -- "ns:rank" -> {slot, prealloc} (cached for the script)
+local SLOTS  -- "ns:rank" -> {slot, prealloc}: read once a call (`begin` empties it)
 local function file_slot(ns, r)
   local id = ns .. ':' .. r
   local s = SLOTS[id]
@@ -550,3 +544,18 @@ local function mark_give_back(out, keep_ns, keep_r, scope)
   end
 end
 
+-- the call ---------------------------------------------------------------------------
+-- What every script runs first (the loader adds the call: `hf3fsctl/meta/redis/connection.py`).
+local function begin(keys)
+  P = keys[1]
+  local time = redis.call('TIME')
+  NOW = tonumber(time[1]) + tonumber(time[2]) / 1e6
+  NOW_US = (tonumber(time[1]) - 1735689600) * 1000000 + tonumber(time[2])
+  NOW_MS = ms(NOW)
+  NOW_S = f6(NOW)
+  NOW_SCORE = string.format('%d', NOW_US)
+  K_INFO, K_NAMESPACES, K_MANIFESTS = P .. 'info', P .. 'namespaces', P .. 'manifests'
+  K_FILES, K_HELD, K_GIVING = P .. 'files', P .. 'held', P .. 'giving'
+  K_CHANGES, K_SEQ, K_ADM_AT = P .. 'changes', P .. 'seq', P .. 'adm_at'
+  CHANGES, SLOTS = {}, {}
+end
