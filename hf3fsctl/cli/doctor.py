@@ -189,6 +189,7 @@ def check_redis(report: Report, client: MetadataClient) -> None:
     detail = (
         f"Redis {info['redis_version']}, role {info['role']}, "
         f"{info['connected_replicas']} replica(s) connected, store format {info['format']}"
+        + (f", its Lua as {info['lua']}" if info.get("lua") else "")
     )
     policy = info.get("maxmemory_policy")
     if policy is not None and policy != "noeviction":

@@ -96,8 +96,10 @@ def test_a_store_on_redis_7_runs_one_function_library(server: RedisServer) -> No
     _reset(server, flush_functions=True)
     store = RedisMetadataStore(MetadataUrl.parse(server.url))
     try:
+        assert "loaded by the first call" in store.replication()["lua"]  # what doctor says
         _round_trip(store)
         assert store.check_invariants() == []
+        assert store.replication()["lua"] == f"functions (library {_libraries(server)[0]})"
     finally:
         store.close()
     assert _calls(server, "fcall") >= 5  # register ×2, allocate, commit, lookup's counter …
@@ -142,6 +144,7 @@ def test_a_user_refused_functions_runs_the_same_calls_as_scripts(
             try:
                 _round_trip(store)
                 assert store.check_invariants() == []
+                assert store.replication()["lua"].startswith("scripts (EVALSHA")
             finally:
                 store.close()
     finally:

@@ -707,6 +707,7 @@ def test_doctor_checks_a_redis_stores_role_and_invariants(redis_url: str, tmp_pa
     # a lone server: the master, no replica to fail over to, the layout's format
     assert redis_check["status"] == "warn" and "no replica" in redis_check["detail"]
     assert "role master" in redis_check["detail"] and "store format 5" in redis_check["detail"]
+    assert "its Lua as functions (library hf3fsctl_" in redis_check["detail"]  # loaded: saved
     store._redis.hincrby(f"{{hf3fsctl}}:rf:{ns}:0", "used", 1)  # a count gone wrong
     found = invariants()
     assert found["status"] == "fail" and "used pages" in found["detail"]

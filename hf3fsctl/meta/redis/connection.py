@@ -240,6 +240,23 @@ class StoreLua:
         text = str(reply)
         return "Function not found" in text or "unknown command" in text.lower()
 
+    def describe(self, prefix: str) -> str:
+        """How calls on `prefix`'s server run, for `doctor`: functions (the library loaded
+        there, or loaded by the first call) or scripts."""
+        route = {"target_nodes": self.client.get_node_from_key(prefix)} if self.cluster else {}
+        if self.functions:
+            try:
+                listed = self.client.execute_command(
+                    "FUNCTION", "LIST", "LIBRARYNAME", self.library, **route
+                )
+            except rex.ResponseError as exc:
+                if not self.missing(exc):
+                    raise
+            else:
+                loaded = "" if listed else ", loaded by the first call"
+                return f"functions (library {self.library}{loaded})"
+        return "scripts (EVALSHA: the server runs no functions, or refuses them to this user)"
+
     def load(self, prefix: str) -> bool:
         """Load the library where `prefix`'s keys live (on a cluster, that slot's master);
         False, and scripts from now on, where the server has no functions or refuses them."""

@@ -603,7 +603,7 @@ class RedisMetadataStore(StoreCore):
     def replication(self) -> dict[str, Any]:
         """What `doctor` reports of the Redis this store talks to: its role (`master` or
         `slave`), how many replicas are connected, the link to its master (a replica),
-        the Redis version, the store's format and `maxmemory-policy`."""
+        the Redis version, the store's format, `maxmemory-policy` and how its Lua runs."""
         info = self._read(lambda: self._redis.info("replication", **self._owner()))
         server = self._read(lambda: self._redis.info("server", **self._owner()))
         stored = self._read(lambda: self._redis.hget(self._key("info"), "format"))
@@ -614,6 +614,7 @@ class RedisMetadataStore(StoreCore):
             "redis_version": str(server.get("redis_version", "?")),
             "format": int(stored) if stored is not None else None,
             "maxmemory_policy": self.maxmemory_policy(),
+            "lua": self._read(lambda: self._lua.describe(self.prefix)),
         }
 
     def check_invariants(self) -> list[str]:
