@@ -235,6 +235,13 @@ class Hf3fsctlConnector(KVConnectorBase_V1, SupportsHMA):
             self._saved = False
             self._worker.step_began()
 
+    def handle_preemptions(self, kv_connector_metadata: KVConnectorMetadata) -> None:
+        """vLLM calls it before each forward: saves still reading a preempted request's
+        blocks (written from the blocks themselves) are not committed."""
+        preempted = getattr(kv_connector_metadata, "preempted", None)
+        if preempted:
+            self._worker.handle_preemptions(preempted)
+
     def has_connector_metadata(self) -> bool:
         """False: no per-layer work, so vLLM's attention wrapper (`maybe_transfer_kv_layer`,
         its only caller) skips `wait_for_layer_load` and `save_kv_layer` on every layer."""

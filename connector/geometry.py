@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from hf3fsctl.errors import ConfigError
+from hf3fsctl.kv_groups import FULL
 from hf3fsctl.staging import KVSegment
 
 if TYPE_CHECKING:
@@ -44,6 +45,9 @@ class KVCacheGeometry:
     page_size_bytes: int  # stored bytes of one block of one layer (a Mamba state: unpadded)
     layer_names: tuple[str, ...]  # the layers of the stored group
     tensors: tuple[TensorPlacement, ...]  # the group's layers of each allocation, in order
+    # FULL, SLIDING or MAMBA (`hf3fsctl.kv_groups`): whether a block vLLM still holds for a
+    # request keeps its bytes (full attention) or may be freed or rewritten in place
+    kind: str = FULL
 
     @classmethod
     def from_vllm(cls, kv_cache_config: KVCacheConfig, group: int | None = None) -> KVCacheGeometry:
@@ -88,6 +92,7 @@ class KVCacheGeometry:
             page_size_bytes=stored.page_size_bytes,
             layer_names=stored.layer_names,
             tensors=tuple(tensors),
+            kind=stored.kind,
         )
 
 

@@ -61,6 +61,11 @@ class GroupWorkers:
         for side in self.sides.values():
             side.step_began()
 
+    def handle_preemptions(self, preempted: list[str]) -> None:
+        """Requests whose blocks vLLM may reuse from this step's forward on: every side."""
+        for side in self.sides.values():
+            side.handle_preemptions(preempted)
+
     def start_load_kv(self, meta: Hf3fsctlConnectorMetadata) -> None:
         """Start each group's loads on its side."""
         if not self.hybrid:

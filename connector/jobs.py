@@ -31,13 +31,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 from hf3fsctl.meta.models import Location
-from hf3fsctl.storage.engine import Buffer
 from hf3fsctl.tier import (
     CANCELLED,
     EXISTING,
     SAVED,
     LoadCancel,
     LoadTarget,
+    Pages,
     SaveBatch,
     SaveOutcome,
     Tier,
@@ -61,12 +61,12 @@ class LoadRun:
 
 
 def run_saves(
-    tier: Tier, jobs: Sequence[SaveJob], rows: Sequence[Sequence[Buffer]], stats: StatsRecorder
+    tier: Tier, jobs: Sequence[SaveJob], rows: Sequence[Pages], stats: StatsRecorder
 ) -> list[SaveOutcome]:
-    """Store the staged pages of a step's jobs (`rows[i]` for `jobs[i]`, in its keys'
-    order) through one `Tier.save_many` — with the embedded store one allocate and one
-    commit transaction for the step instead of two per job (issue 23) — and count each
-    job's outcome."""
+    """Store the pages of a step's jobs (`rows[i]` for `jobs[i]`, in its keys' order:
+    staged rows, or the blocks' ranges) through one `Tier.save_many` — with the embedded
+    store one allocate and one commit transaction for the step instead of two per job
+    (issue 23) — and count each job's outcome."""
     batches = [
         SaveBatch(job.keys, job_rows, job.first_depth, job.retention_s, job.renew_on_read)
         for job, job_rows in zip(jobs, rows, strict=True)

@@ -36,7 +36,8 @@ class LoadJob:
 
 @dataclass
 class SaveJob:
-    """Store blocks that became full in this step (gathered before the step returns)."""
+    """Store blocks that became full in this step (gathered before the step returns, or
+    written from the blocks themselves: `WorkerSide.wait_for_save`)."""
 
     req_id: str  # the request owning the blocks (held until saves finish)
     block_ids: list[int]  # source KV blocks, one per key
@@ -55,10 +56,13 @@ class Hf3fsctlConnectorMetadata:
 
     loads: list[LoadJob] = field(default_factory=list)  # sync: before the forward; async: after
     saves: list[SaveJob] = field(default_factory=list)  # gather in wait_for_save
+    # requests vLLM preempted this step that had save jobs: their blocks may be reused
+    # by this step's forward (`WorkerSide.handle_preemptions`, before it)
+    preempted: list[str] = field(default_factory=list)
 
     def is_empty(self) -> bool:
         """Whether the step carries no transfer."""
-        return not self.loads and not self.saves
+        return not self.loads and not self.saves and not self.preempted
 
 
 @dataclass

@@ -31,8 +31,10 @@ Contract:
     * `request_finished` returns True (hold the blocks) when any save job was issued
       for the request; the workers report it in `finished_sending` once those saves end
       (both sides decide from the same metadata, so they agree).
-    * A preempted request loses its blocks: its cached lookup is dropped, and nothing is
-      ever planned against blocks it no longer owns.
+    * A preempted request loses its blocks: its cached lookup is dropped, nothing is
+      ever planned against blocks it no longer owns, and the step's metadata names it
+      (`preempted`) when it had save jobs, so the workers stop trusting saves still
+      reading those blocks before the forward that may reuse them.
     * While the metadata service is marked down: no lookups (misses) and no saves.
     * Roles and per-request params (`connector.request_params`): vLLM's `kv_role`
       `kv_producer` saves and never loads, `kv_consumer` loads and never saves,
@@ -568,11 +570,16 @@ class SchedulerSide:
             and output.num_scheduled_tokens.keys() <= self._saved_all
         ):  # most decode steps: no per-request loop, no objects
             return NO_WORK
+        preempted: list[str] = []
         for req_id in output.preempted_req_ids or ():
             state = self._requests.get(req_id)
             if state is not None:  # its blocks are gone: ask the store again on resume
                 state.lookup, state.hit_blocks = None, None
-        meta = Hf3fsctlConnectorMetadata(loads=self._pending_loads, saves=self._plan_saves(output))
+                if state.save_jobs:  # saves may still be reading its blocks
+                    preempted.append(req_id)
+        meta = Hf3fsctlConnectorMetadata(
+            loads=self._pending_loads, saves=self._plan_saves(output), preempted=preempted
+        )
         self._pending_loads = []
         for req_id in output.finished_req_ids:
             self._requests.pop(req_id, None)

@@ -64,6 +64,7 @@ FAILURE_KINDS = (
     "checksum",
     "timeout",
     "pool_exhausted",
+    "reused",  # a save's blocks were given to other data (preempted) before it was written
     "metadata_down",
     "no_space",
     "disabled",  # the connector is disabled (storage unusable since start-up)

@@ -17,11 +17,19 @@ Contract (storage, registration, `tier`, start-up failures and staging prewarm:
     * A save that hits ENOSPC/EIO fails alone (counted by kind, its pages released) and
       saves pause for `connector.storage_retry_s`; `ConnectorHealth` records the state
       for `doctor` and Prometheus.
-    * Saves: `wait_for_save` gathers the step's save blocks into one staging lease
-      *synchronously*, in one gather (on CUDA: on a side stream after an event, with the
-      compute stream waiting for it), so the bytes are copied while the requests still
-      own their blocks; keys an earlier job of the step saves are left out
-      (`jobs.without_repeats`). One background task then saves the jobs in turn: `Tier.save`
+    * Saves: keys an earlier job of the step saves are left out (`jobs.without_repeats`).
+      A host KV cache of full attention is saved from its blocks themselves
+      (`PageSources`: no staging, nothing copied on the engine thread): vLLM keeps a
+      request's blocks while its saves run once it finished (`request_finished` holds
+      them), and a preempted request's — which the next forward may reuse — are named by
+      the scheduler (`preempted`), so `handle_preemptions`, before that forward, marks
+      the saves still reading them: what they wrote is released, never committed
+      (`reused`). Otherwise (device caches; sliding-window and Mamba groups, whose
+      blocks are freed or rewritten while the request runs) `wait_for_save` gathers the
+      step's save blocks into one staging lease *synchronously*, in one gather (on CUDA:
+      on a side stream after an event, with the compute stream waiting for it), so the
+      bytes are copied while the requests still own their blocks. One background task
+      then saves the jobs in turn: `Tier.save`
       (allocation, the writes, commit with checksums and — on any failure — release of
       what was allocated) runs on background threads; its storage failure pauses saves
       (`storage_failed`), a clean save ends the degraded state (`storage_worked`). The
@@ -57,6 +65,7 @@ Contract (storage, registration, `tier`, start-up failures and staging prewarm:
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -70,6 +79,7 @@ import torch
 from hf3fsctl.config import Config
 from hf3fsctl.errors import ConfigError, InvalidRequest, NotFound
 from hf3fsctl.keys import NamespaceManifest
+from hf3fsctl.kv_groups import FULL
 from hf3fsctl.meta.models import Location, WriterInfo
 from hf3fsctl.staging import (
     HostBlockPieces,
@@ -80,7 +90,15 @@ from hf3fsctl.staging import (
     scatter_blocks,
     total_page_bytes,
 )
-from hf3fsctl.tier import LoadTarget, PagePieces, SaveOutcome, StagingRows, Tier
+from hf3fsctl.tier import (
+    LoadTarget,
+    PagePieces,
+    Pages,
+    PageSources,
+    SaveOutcome,
+    StagingRows,
+    Tier,
+)
 
 from .geometry import KVCacheGeometry, kv_segments
 from .jobs import LoadRun, merged_host_loads, run_load, run_saves, stored_keys, without_repeats
@@ -185,6 +203,9 @@ class WorkerSide(WorkerStorage):
         self._lock = threading.Condition()
         self._save_reqs: set[str] = set()  # requests that had save jobs, until reported
         self._outstanding: dict[str, int] = {}  # save jobs in flight per request
+        # preemptions of requests with saves in flight: a save written from the blocks
+        # themselves commits only if its request's count is unchanged after the write
+        self._preempted: dict[str, int] = {}
         self._finished: set[str] = set()  # finished per vLLM, waiting for their saves
         self._loads: dict[str, LoadRun] = {}  # load jobs in flight
         self._done_loads: dict[str, set[int]] = {}  # ended loads → failed block ids
@@ -262,7 +283,30 @@ class WorkerSide(WorkerStorage):
             self._outstanding[req_id] -= 1
             if not self._outstanding[req_id]:
                 del self._outstanding[req_id]
+                self._preempted.pop(req_id, None)  # no save left to doubt
             self._lock.notify_all()
+
+    def handle_preemptions(self, preempted: list[str]) -> None:
+        """vLLM preempted these requests (their blocks are free) and runs the forward that
+        may reuse the blocks next: a save still reading them from the KV cache
+        (`_save_in_place`) must not commit what it wrote. Nothing waits."""
+        with self._lock:
+            for req_id in preempted:
+                if req_id in self._outstanding:
+                    self._preempted[req_id] = self._preempted.get(req_id, 0) + 1
+
+    def _blocks_intact(self, req_id: str, preemptions: int) -> bool:
+        """Whether `req_id` was not preempted since a save of its blocks began."""
+        return self._preempted.get(req_id, 0) == preemptions
+
+    def _saves_in_place(self) -> bool:
+        """Whether saves are written from the blocks themselves: a host KV cache of full
+        attention, whose blocks keep their bytes while vLLM holds them for the request —
+        until its saves end once it finished (`request_finished` holds them), until the
+        next forward once it is preempted (`handle_preemptions`). A sliding window's
+        blocks are freed as the window moves and a Mamba state is rewritten in place, so
+        those groups, and device caches, are gathered into staging in the step."""
+        return not self._cuda and self.geometry.kind == FULL
 
     def step_began(self) -> None:
         """An engine step began: the previous step's saves may start."""
@@ -270,8 +314,8 @@ class WorkerSide(WorkerStorage):
             self._step_gate.set()
 
     def wait_for_save(self, meta: Hf3fsctlConnectorMetadata) -> None:
-        """Gather this step's save blocks into one staging lease now (one gather); write
-        them in the background, job after job, as one task."""
+        """Save this step's blocks in the background, as one task: from the blocks
+        themselves (`_saves_in_place`), else gathered into one staging lease now."""
         if not meta.saves:
             return
         self._step_gate.clear()
@@ -291,6 +335,9 @@ class WorkerSide(WorkerStorage):
         jobs = without_repeats(jobs, self._save_ended)
         if not jobs:
             return
+        if self._saves_in_place():
+            self._save_in_place(jobs)
+            return
         lease = None
         try:
             lease = self.pool.acquire(sum(len(j.block_ids) for j in jobs), self.manifest.page_bytes)
@@ -300,11 +347,31 @@ class WorkerSide(WorkerStorage):
                 return
             started = time.monotonic()
             ready = self._gather([b for job in jobs for b in job.block_ids], lease.tensor)
-            self._save_pool.submit(self._save_jobs, jobs, lease, ready, started)
+            self._save_pool.submit(self._save_jobs, jobs, None, lease, ready, started)
         except Exception:
             logger.exception("saves of %d jobs failed before their I/O", len(jobs))
             if lease is not None:
                 lease.release()
+            for job in jobs:
+                self.stats.fail("error", len(job.keys))
+                self._save_ended(job.req_id)
+
+    def _save_in_place(self, jobs: list[SaveJob]) -> None:
+        """Hand the step's jobs to a save thread as the blocks' own byte ranges: no staging
+        lease, no copy on the engine thread (`Tier.save_many` writes and checksums the
+        ranges; a job whose request was preempted before its write ended is released,
+        not committed: `PageSources`)."""
+        try:
+            sources = []
+            for job in jobs:
+                intact = functools.partial(
+                    self._blocks_intact, job.req_id, self._preempted.get(job.req_id, 0)
+                )
+                pieces = self._page_pieces(job.block_ids)
+                sources.append(PageSources(pieces, [intact] * len(pieces)))
+            self._save_pool.submit(self._save_jobs, jobs, sources, None, None, time.monotonic())
+        except Exception:
+            logger.exception("saves of %d jobs failed before their I/O", len(jobs))
             for job in jobs:
                 self.stats.fail("error", len(job.keys))
                 self._save_ended(job.req_id)
@@ -373,25 +440,34 @@ class WorkerSide(WorkerStorage):
         return done
 
     def _save_jobs(
-        self, jobs: list[SaveJob], lease: StagingBuffer, ready: Any, started: float
+        self,
+        jobs: list[SaveJob],
+        sources: list[PageSources] | None,
+        lease: StagingBuffer | None,
+        ready: Any,
+        started: float,
     ) -> None:
-        """One step's save jobs, staged in `lease` in job order, one after another."""
+        """One step's save jobs, from their blocks' `sources` or staged in `lease` in job
+        order."""
         self._step_gate.wait(SAVE_GATE_S)
-        rows, first, staged = lease.rows(), 0, []
-        for job in jobs:
-            staged.append(rows[first : first + len(job.keys)])
-            first += len(job.keys)
+        staged: list[Pages] = list(sources or [])
+        if lease is not None:
+            rows, first = lease.rows(), 0
+            for job in jobs:
+                staged.append(rows[first : first + len(job.keys)])
+                first += len(job.keys)
         try:
             if ready is not None:
                 ready.synchronize()
             self._save_step(jobs, staged)
         finally:
-            lease.release()
+            if lease is not None:
+                lease.release()
             elapsed = time.monotonic() - started
             self.stats.add(save_jobs=len(jobs), save_seconds=elapsed)
             self.stats.observe("save_s", elapsed)
 
-    def _save_step(self, jobs: list[SaveJob], staged: list[list[Any]]) -> None:
+    def _save_step(self, jobs: list[SaveJob], staged: list[Pages]) -> None:
         """A step's save jobs in one `run_saves` (one allocate and one commit transaction
         for them all with the embedded store), then each job's outcome in turn."""
         outcomes: list[SaveOutcome | None] = [None] * len(jobs)

@@ -82,6 +82,7 @@ T = TypeVar("T")
 SAVED = "saved"  # written and committed
 EXISTING = "existing"  # already committed or being written by another writer
 NO_SPACE = "no_space"  # the store or the file system had no room
+REUSED = "reused"  # its source bytes were given to other data before the write ended
 # Per-key outcomes of a load.
 LOADED = "loaded"  # read, verified and delivered
 NOT_FOUND = "not_found"  # not committed on this rank
@@ -302,11 +303,63 @@ class PagePieces:
 
 
 @dataclass(frozen=True)
+class PageSources:
+    """Save straight from byte ranges: `pieces[i]` together are key i's page, in order
+    (`hf3fsctl.staging.page_pieces` names a host KV cache's blocks this way), written
+    without staging.
+
+    The ranges belong to someone else, who may give them to other data: `intact[i]()`
+    says whether key i's ranges still hold its page. It is asked after the write; a page
+    whose ranges were reused by then may hold the new bytes and is not committed
+    (`REUSED`). Empty: the ranges never change while the save runs.
+    """
+
+    pieces: Sequence[Sequence[Buffer]]
+    intact: Sequence[Callable[[], bool]] = ()
+
+    def __len__(self) -> int:
+        return len(self.pieces)
+
+    def take(self, rows: Sequence[int]) -> PageSources:
+        """The sources of keys `rows`, in that order."""
+        return PageSources(
+            [self.pieces[r] for r in rows], [self.intact[r] for r in rows] if self.intact else ()
+        )
+
+    def reused(self) -> set[int]:
+        """The keys whose ranges no longer hold their page (each check asked once)."""
+        answers: dict[int, bool] = {}
+        out: set[int] = set()
+        for index, check in enumerate(self.intact):
+            held = answers.get(id(check))
+            if held is None:
+                held = answers[id(check)] = check()
+            if not held:
+                out.add(index)
+        return out
+
+
+def _joined(sources: Sequence[PageSources]) -> PageSources:
+    """Several chains' sources as one (`save_many`)."""
+    always: Callable[[], bool] = lambda: True  # noqa: E731
+    checks = any(source.intact for source in sources)
+    return PageSources(
+        [piece for source in sources for piece in source.pieces],
+        [check for source in sources for check in (source.intact or [always] * len(source))]
+        if checks
+        else (),
+    )
+
+
+Pages = Sequence[Buffer] | PageSources  # what a save writes: one buffer per key, or ranges
+
+
+@dataclass(frozen=True)
 class SaveBatch:
     """One chain of pages for `Tier.save_many` (a request's save job): `save`'s arguments."""
 
     keys: Sequence[str]  # block keys, in prefix order
-    pages: Sequence[Buffer]  # one buffer of `page_bytes` per key
+    pages: Pages  # one buffer of `page_bytes` per key, or their ranges
     first_depth: int = 0  # chain position of keys[0]
     retention_s: float | None = None  # the committed entries expire this long after commit
     renew_on_read: bool = False  # a locate renews the expiry (with retention_s)
@@ -378,7 +431,7 @@ class Tier:
     def save(
         self,
         keys: Sequence[str],
-        pages: Sequence[Buffer],
+        pages: Pages,
         first_depth: int = 0,
         *,
         retention_s: float | None = None,
@@ -388,7 +441,8 @@ class Tier:
 
         Args:
             keys: block keys, in prefix order.
-            pages: one buffer of `page_bytes` per key.
+            pages: one buffer of `page_bytes` per key, or each key's byte ranges
+                (`PageSources`).
             first_depth: chain position of `keys[0]` (eviction takes tails first).
             retention_s: the committed entries expire this long after commit (None: never).
             renew_on_read: a `locate` of an entry renews its expiry (with `retention_s`).
@@ -417,13 +471,18 @@ class Tier:
                     f"{len(batch.keys)} keys, {len(batch.pages)} pages: the lengths must match"
                 )
         terms = {(batch.retention_s, batch.renew_on_read) for batch in batches}
-        if len(batches) < 2 or len(terms) > 1 or not self._offers_batches():
+        ranges = {isinstance(batch.pages, PageSources) for batch in batches}
+        if len(batches) < 2 or len(terms) > 1 or len(ranges) > 1 or not self._offers_batches():
             return [
                 self._save(b.keys, b.pages, b.first_depth, None, (b.retention_s, b.renew_on_read))
                 for b in batches
             ]
         keys = [key for batch in batches for key in batch.keys]
-        pages = [page for batch in batches for page in batch.pages]
+        pages: Pages = (
+            _joined([b.pages for b in batches if isinstance(b.pages, PageSources)])
+            if ranges == {True}
+            else [page for batch in batches for page in batch.pages]  # type: ignore[union-attr]
+        )
         depths = [b.first_depth + i for b in batches for i in range(len(b.keys))]
         return _split(self._save(keys, pages, 0, depths, terms.pop()), batches)
 
@@ -437,7 +496,7 @@ class Tier:
     def _save(
         self,
         keys: Sequence[str],
-        pages: Sequence[Buffer],
+        pages: Pages,
         first_depth: int,
         depths: list[int] | None,
         terms: tuple[float | None, bool],
@@ -461,7 +520,10 @@ class Tier:
             row_of: dict[str, int] = {}
             for row, key in enumerate(keys):
                 row_of.setdefault(key, row)
-            buffers = [pages[row_of[key]] for key, _ in result.allocated]
+            rows = [row_of[key] for key, _ in result.allocated]
+            buffers = (
+                pages.take(rows) if isinstance(pages, PageSources) else [pages[r] for r in rows]
+            )
             self._store(result.allocated, buffers, kind_of, outcome, terms)
         outcome.kinds = [kind_of.get(key, ERROR) for key in keys]
         return outcome
@@ -469,7 +531,7 @@ class Tier:
     def _store(
         self,
         allocated: list[tuple[str, int]],
-        buffers: list[Buffer],
+        buffers: list[Buffer] | PageSources,
         kind_of: dict[str, str],
         outcome: SaveOutcome,
         terms: tuple[float | None, bool],
@@ -487,11 +549,21 @@ class Tier:
                 kind_of.update(dict.fromkeys((key for key, _ in allocated), kind))
                 outcome.storage_failure = StorageFailure(kind, len(allocated), exc.message)
                 return
-            results = self.engine.write_pages(self.page_file, pages, buffers, checksums=True)
+            reused: set[int] = set()
+            if isinstance(buffers, PageSources):
+                results = self.engine.write_pages_gathered(
+                    self.page_file, pages, buffers.pieces, checksums=True
+                )
+                reused = buffers.reused()  # after the write: its bytes may be the new data
+            else:
+                results = self.engine.write_pages(self.page_file, pages, buffers, checksums=True)
             written: list[tuple[str, int, str]] = []  # (key, page, checksum)
             failed: list[tuple[str, int]] = []
-            for (key, page), result in zip(allocated, results, strict=True):
-                if result.ok and result.checksum:
+            stale: list[tuple[str, int]] = []
+            for index, ((key, page), result) in enumerate(zip(allocated, results, strict=True)):
+                if index in reused:
+                    stale.append((key, page))
+                elif result.ok and result.checksum:
                     written.append((key, page, result.checksum))
                 else:
                     failed.append((key, page))
@@ -500,9 +572,12 @@ class Tier:
                 kind = NO_SPACE if any(r.no_space for r in results) else IO
                 kind_of.update(dict.fromkeys((key for key, _ in failed), kind))
                 outcome.storage_failure = StorageFailure(kind, len(failed), detail)
-                self._release(failed)
-                failed_keys = {key for key, _ in failed}
-                held = [a for a in allocated if a[0] not in failed_keys]
+            if stale:
+                kind_of.update(dict.fromkeys((key for key, _ in stale), REUSED))
+            if failed or stale:
+                self._release(failed + stale)
+                dropped = {key for key, _ in failed + stale}
+                held = [a for a in allocated if a[0] not in dropped]
             if written:
                 size = self.page_bytes
                 outcome.committed = self._call(

@@ -94,6 +94,21 @@ class IOEngine(Protocol):
         """Write `buffers[i]` (at most `page_bytes`) into page `pages[i]`'s slot."""
         ...
 
+    def write_pages_gathered(
+        self,
+        file: PageFile,
+        pages: Sequence[int],
+        pieces: Sequence[Sequence[Buffer]],
+        *,
+        checksums: bool = True,
+    ) -> list[PageResult]:
+        """Write the buffers `pieces[i]`, in order, as page `pages[i]` (at most
+        `page_bytes` together): a KV block's per-layer byte ranges can be the pieces, so
+        a page is saved from the KV cache without staging. The checksum covers the
+        pieces as if they were one buffer (what `read_pages_scattered` verifies). The
+        pieces must not change until the call returns."""
+        ...
+
     def read_pages(
         self,
         file: PageFile,

@@ -175,6 +175,34 @@ class PosixEngine:
         Each page's pieces are checked and become its op in one pass (a host KV cache's
         block ranges: a few pieces per page, tens of pages per step).
         """
+        results, ops = self._piece_ops(file, pages, pieces, expected, reading=True)
+        self._run(file, ops, results, reading=True, checksums=False)
+        return _finish(results)
+
+    def write_pages_gathered(
+        self,
+        file: PageFile,
+        pages: Sequence[int],
+        pieces: Sequence[Sequence[Buffer]],
+        *,
+        checksums: bool = True,
+    ) -> list[PageResult]:
+        """Write the buffers `pieces[i]`, in order, as page `pages[i]`; see `IOEngine`."""
+        results, ops = self._piece_ops(file, pages, pieces, None, reading=False)
+        self._run(file, ops, results, reading=False, checksums=checksums)
+        return _finish(results)
+
+    def _piece_ops(
+        self,
+        file: PageFile,
+        pages: Sequence[int],
+        pieces: Sequence[Sequence[Buffer]],
+        expected: Sequence[str | None] | None,
+        *,
+        reading: bool,
+    ) -> tuple[list[PageResult | None], list[_Op]]:
+        """One op per page of pieces: a read fills exactly `page_bytes` of writable
+        pieces; a write takes 1..`page_bytes` bytes of any."""
         if len(pages) != len(pieces):
             raise InvalidRequest(
                 f"{len(pages)} pages, {len(pieces)} piece lists: the lengths must match"
@@ -183,8 +211,8 @@ class PosixEngine:
         ops: list[_Op] = []
         page_bytes, num_pages, slot_bytes = file.page_bytes, file.num_pages, file.slot_bytes
         for index, (page, buffers) in enumerate(zip(pages, pieces, strict=True)):
-            # The usual pieces (a host KV cache's block ranges) are writable 1-D byte
-            # memoryviews of an in-range page: checked inline, without a call per piece.
+            # The usual pieces (a host KV cache's block ranges) are 1-D byte memoryviews
+            # of an in-range page: checked inline, without a call per piece.
             views: list[Any] | None = None
             total = 0
             if type(page) is int and 0 <= page < num_pages:
@@ -192,7 +220,7 @@ class PosixEngine:
                 for view in views:
                     if (
                         type(view) is not memoryview
-                        or view.readonly
+                        or (reading and view.readonly)
                         or view.ndim != 1
                         or view.format != "B"
                         or not view.c_contiguous
@@ -208,17 +236,16 @@ class PosixEngine:
                     results[index] = _failed(page, ERROR_BOUNDS, str(exc))
                     continue
                 total = sum(map(len, views))
-                if any(v.readonly for v in views):
+                if reading and any(v.readonly for v in views):
                     results[index] = _failed(page, ERROR_BOUNDS, "a read piece is read-only")
                     continue
-            if total != page_bytes:
+            if total != page_bytes if reading else not 0 < total <= page_bytes:
                 problem = f"pieces hold {total} bytes, page has {page_bytes}"
                 results[index] = _failed(page, ERROR_BOUNDS, problem)
                 continue
             checksum = None if expected is None else expected[index]
             ops.append(_Op(index, page, page * slot_bytes, views, total, checksum))
-        self._run(file, ops, results, reading=True, checksums=False)
-        return _finish(results)
+        return results, ops
 
     def close(self) -> None:
         """Stop the I/O threads (idempotent)."""
@@ -439,7 +466,7 @@ class PosixEngine:
             elif reading:
                 out.append((op, _verified(op)))
             else:
-                digest = page_checksum(op.views[0]) if checksums else None
+                digest = _written_checksum(op) if checksums else None
                 out.append((op, PageResult(op.page, True, None, digest)))
         return out
 
@@ -452,8 +479,15 @@ def _run_share(share: list[_Job]) -> list[list[tuple[_Op, PageResult]]]:
 def _checksum_task(ops: list[_Op], digests: dict[int, str]) -> list[tuple[_Op, PageResult]]:
     """Checksum the pages of a write task (on another thread than the write itself)."""
     for op in ops:
-        digests[op.index] = page_checksum(op.views[0])
+        digests[op.index] = _written_checksum(op)
     return []
+
+
+def _written_checksum(op: _Op) -> str:
+    """The recorded checksum of a written page: its one buffer, or its gathered pieces
+    as if they were one."""
+    views = op.views
+    return page_checksum(views[0]) if len(views) == 1 else checksum_views(views)
 
 
 def _verified(op: _Op) -> PageResult:

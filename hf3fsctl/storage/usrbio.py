@@ -53,7 +53,7 @@ from typing import Any
 import numpy as np
 
 from hf3fsctl.errors import InvalidRequest, StorageError
-from hf3fsctl.storage.checksum import checksum, page_checksum
+from hf3fsctl.storage.checksum import checksum, checksum_views, page_checksum
 from hf3fsctl.storage.engine import (
     ERROR_BOUNDS,
     ERROR_CHECKSUM,
@@ -326,6 +326,38 @@ class UsrbioEngine:
             items.append(item)
         return self._batch(file, items, results, None, reading=False)
 
+    def write_pages_gathered(
+        self,
+        file: PageFile,
+        pages: Sequence[int],
+        pieces: Sequence[Sequence[Buffer]],
+        *,
+        checksums: bool = True,
+    ) -> list[PageResult]:
+        """Write the buffers `pieces[i]`, in order, as page `pages[i]`; see `IOEngine`.
+
+        Pieces are not iov memory: each page is copied into the bounce iov piece by piece
+        (counted as copied)."""
+        if len(pages) != len(pieces):
+            raise InvalidRequest("pages and piece lists must have the same length")
+        results: list[PageResult | None] = [None] * len(pages)
+        items: list[_Item] = []
+        for i, (page, parts) in enumerate(zip(pages, pieces, strict=True)):
+            try:
+                offset = file.offset(page)
+                views = [memoryview(part).cast("B") for part in parts]
+            except (InvalidRequest, TypeError, ValueError) as exc:
+                results[i] = PageResult(page, False, ERROR_BOUNDS, None, str(exc))
+                continue
+            nbytes = sum(len(v) for v in views)
+            if not 0 < nbytes <= file.page_bytes:
+                results[i] = PageResult(page, False, ERROR_BOUNDS, None, "bad piece sizes")
+                continue
+            item = _Item(i, page, offset, nbytes, views)
+            item.checksum = checksum_views(views) if checksums else None
+            items.append(item)
+        return self._batch(file, items, results, None, reading=False)
+
     def read_pages(
         self,
         file: PageFile,
@@ -513,8 +545,10 @@ class UsrbioEngine:
         for item in items:
             if not state.reading and not item.direct:
                 assert item.region is not None and item.region.shm.buf is not None
-                source = item.targets[0]
-                item.region.shm.buf[item.offset : item.offset + item.size] = source
+                position = item.offset
+                for source in item.targets:  # one buffer, or a gathered page's pieces
+                    item.region.shm.buf[position : position + len(source)] = source
+                    position += len(source)
         queue = deque(items)
         in_flight = 0
         try:

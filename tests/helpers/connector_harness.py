@@ -213,6 +213,7 @@ class Harness:
         meta = output.kv_connector_metadata
         self.metas.append(meta)
         self.outputs.append(output)
+        self.worker.handle_preemptions(meta)  # as vLLM's model runner, before the forward
         self.worker.bind_connector_metadata(meta)
         # As vLLM's model runner: synchronous loads feed this step's forward.
         if output.has_sync_kv_loads:

@@ -7,6 +7,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import hf3fsctl_connector
 import pytest
@@ -125,7 +126,36 @@ def test_kv_tensor_not_matching_the_config_is_a_startup_error(
         worker.shutdown()
 
 
+def _staged(harness: Harness) -> None:
+    """Save through staging, as device caches and sliding-window and Mamba groups do
+    (a host cache of full attention saves from its blocks: `_saves_in_place`)."""
+    harness.worker.worker_side._saves_in_place = lambda: False  # type: ignore[method-assign]
+
+
+def _stall_saves(worker: WorkerSide) -> tuple[threading.Event, list[Any]]:
+    gate = threading.Event()
+    return gate, [worker._save_pool.submit(gate.wait, 10) for _ in range(2)]
+
+
+def _run_until_finished(harness: Harness, request: Any) -> None:
+    harness.scheduler.add_request(request)
+    deadline = time.monotonic() + 10
+    while not request.is_finished() and time.monotonic() < deadline:
+        harness.step()
+        time.sleep(0.001)
+
+
+def _stored_page(worker: WorkerSide, key: bytes) -> torch.Tensor | None:
+    location = worker.guard.call(lambda c: c.locate(worker.namespace, worker.rank, [key.hex()]))
+    if location[0] is None:
+        return None
+    data = torch.empty(worker.manifest.page_bytes, dtype=torch.uint8)
+    worker.engine.read_pages(worker.page_file, [location[0].page], [data.numpy()])
+    return data
+
+
 def test_save_dropped_for_lack_of_staging_never_holds_the_request(harness: Harness) -> None:
+    _staged(harness)
     pool = harness.worker.worker_side.pool
     # Wait out the start-up prewarm, which reserves staging while it faults pages in.
     hog = pool.acquire(1, pool.capacity_bytes, timeout_s=10)  # nothing left for saves
@@ -139,27 +169,122 @@ def test_save_dropped_for_lack_of_staging_never_holds_the_request(harness: Harne
     assert (dropped, "r" in harness.scheduler.requests) == (2, False)
 
 
-def test_save_copies_blocks_before_the_step_returns(harness: Harness) -> None:
+def test_a_host_cache_saves_from_its_blocks_without_staging(harness: Harness) -> None:
     worker = harness.worker.worker_side
-    gate = threading.Event()
-    blockers = [worker._save_pool.submit(gate.wait, 10) for _ in range(2)]  # stall the I/O
+    pool = worker.pool
+    hog = pool.acquire(1, pool.capacity_bytes, timeout_s=10)  # no staging at all
+    assert hog is not None
+    before = hf3fsctl_connector.process_totals()
+    request = make_request("r", prompt_tokens(2 * BLOCK_SIZE + 1), max_tokens=1)
+    try:
+        harness.run(request)
+        assert hf3fsctl_connector.wait_for_saves(10)
+    finally:
+        hog.release()
+    after = hf3fsctl_connector.process_totals()
+    assert after["failed_pool_exhausted"] == before["failed_pool_exhausted"]
+    assert after["blocks_saved"] - before["blocks_saved"] == 2
+    for block_hash in request.block_hashes[:2]:
+        key = bytes(block_hash)
+        stored = _stored_page(worker, key)
+        assert stored is not None and torch.equal(stored, pattern(key, worker.manifest.page_bytes))
+
+
+def test_save_copies_blocks_before_the_step_returns(harness: Harness) -> None:
+    _staged(harness)
+    worker = harness.worker.worker_side
+    gate, blockers = _stall_saves(worker)  # stall the I/O
     request = make_request("r", prompt_tokens(BLOCK_SIZE + 1), max_tokens=1)
-    harness.scheduler.add_request(request)
-    deadline = time.monotonic() + 10
-    while not request.is_finished() and time.monotonic() < deadline:
-        harness.step()
-        time.sleep(0.001)
+    _run_until_finished(harness, request)
     harness.raw.zero_()  # the KV cache changes while the write is still pending
     gate.set()
     for blocker in blockers:
         blocker.result(5)
     assert hf3fsctl_connector.wait_for_saves(10)
     key = bytes(request.block_hashes[0])
-    location = worker.guard.call(lambda c: c.locate(worker.namespace, worker.rank, [key.hex()]))
-    data = torch.empty(worker.manifest.page_bytes, dtype=torch.uint8)
-    assert location[0] is not None
-    worker.engine.read_pages(worker.page_file, [location[0].page], [data.numpy()])
-    assert torch.equal(data, pattern(key, worker.manifest.page_bytes))
+    stored = _stored_page(worker, key)
+    assert stored is not None and torch.equal(stored, pattern(key, worker.manifest.page_bytes))
+
+
+def test_a_finished_requests_blocks_are_held_until_its_save_from_them_ends(
+    harness: Harness,
+) -> None:
+    worker = harness.worker.worker_side
+    gate, blockers = _stall_saves(worker)
+    request = make_request("r", prompt_tokens(BLOCK_SIZE + 1), max_tokens=1)
+    _run_until_finished(harness, request)
+    for _ in range(3):
+        harness.step()
+    assert "r" in harness.scheduler.requests  # finished, its blocks still held
+    gate.set()
+    for blocker in blockers:
+        blocker.result(5)
+    assert hf3fsctl_connector.wait_for_saves(10)
+    deadline = time.monotonic() + 10
+    while "r" in harness.scheduler.requests and time.monotonic() < deadline:
+        harness.step()  # get_finished reports it: vLLM frees the blocks
+        time.sleep(0.001)
+    assert "r" not in harness.scheduler.requests
+    key = bytes(request.block_hashes[0])
+    stored = _stored_page(worker, key)
+    assert stored is not None and torch.equal(stored, pattern(key, worker.manifest.page_bytes))
+
+
+def test_a_save_still_reading_a_preempted_requests_blocks_commits_nothing(
+    harness: Harness,
+) -> None:
+    """vLLM may give a preempted request's blocks to another request in the forward after
+    `handle_preemptions`: a save from those blocks that had not finished writing by then
+    is released, not committed (it may hold the new bytes); a request not preempted is
+    saved as usual."""
+    worker = harness.worker.worker_side
+    gate, blockers = _stall_saves(worker)
+    kept = make_request("kept", prompt_tokens(BLOCK_SIZE + 1, salt=1), max_tokens=1)
+    lost = make_request("lost", prompt_tokens(BLOCK_SIZE + 1, salt=2), max_tokens=1)
+    harness.scheduler.add_request(kept)
+    harness.scheduler.add_request(lost)
+    harness.step()  # both prefill: their saves are planned, their writes wait
+    before = hf3fsctl_connector.process_totals()["failed_reused"]
+    worker.handle_preemptions(["lost", "unknown"])  # as vLLM before the next forward
+    (blocks,) = harness.scheduler.kv_cache_manager.get_block_ids("lost")
+    for pieces in worker._page_pieces(list(blocks)):  # that forward writes other data there
+        for piece in pieces:
+            piece[:] = bytes(len(piece))
+    gate.set()
+    for blocker in blockers:
+        blocker.result(5)
+    assert hf3fsctl_connector.wait_for_saves(10)
+    assert hf3fsctl_connector.process_totals()["failed_reused"] - before == 1
+    assert _stored_page(worker, bytes(lost.block_hashes[0])) is None
+    key = bytes(kept.block_hashes[0])
+    stored = _stored_page(worker, key)
+    assert stored is not None and torch.equal(stored, pattern(key, worker.manifest.page_bytes))
+    assert worker._preempted == {}  # forgotten with the last save of the request
+
+
+def test_requests_preempted_under_a_full_kv_cache_never_leave_a_wrong_page(
+    harness: Harness,
+) -> None:
+    """Three requests that outgrow the 64-block cache: vLLM preempts, frees and hands
+    their blocks to the others while their saves may still read them. The scheduler names
+    each preempted request that had saves to the workers, and every page the store holds
+    is the page of its key (the fake forward writes each block's key's pattern)."""
+    prompts = [prompt_tokens(12 * BLOCK_SIZE + 1, salt=n) for n in range(3)]
+    requests = [make_request(f"r{n}", p, max_tokens=14 * BLOCK_SIZE) for n, p in enumerate(prompts)]
+    harness.run(*requests, timeout_s=120)
+    assert hf3fsctl_connector.wait_for_saves(10)
+    preempted = [name for meta in harness.metas for name in meta.preempted]
+    assert preempted and set(preempted) <= {r.request_id for r in requests}
+    worker = harness.worker.worker_side
+    checked = 0
+    for request in requests:
+        for block_hash in request.block_hashes[:12]:
+            key = bytes(block_hash)
+            stored = _stored_page(worker, key)
+            if stored is not None:
+                assert torch.equal(stored, pattern(key, worker.manifest.page_bytes))
+                checked += 1
+    assert checked >= 12  # most prompts' pages were saved
 
 
 def _stored_prompt(harness: Harness, blocks: int) -> list[str]:

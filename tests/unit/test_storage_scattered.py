@@ -110,6 +110,71 @@ def test_more_pieces_than_iov_max_still_read(tmp_path: Path) -> None:
     assert ([r.ok for r in results], [b"".join(p) for p in pieces]) == ([True] * 3, data)
 
 
+@pytest.mark.parametrize(
+    ("page_bytes", "cuts", "pages"),
+    [
+        (8192, [4096], list(range(8))),
+        (5000, [1, 2500, 4999], [7, 3, 4, 5, 20]),
+        (4 << 20, [1 << 20, 3 << 20], [0, 1, 5]),  # past a thread's share: split tasks
+    ],
+    ids=["two-aligned-pieces", "uneven-pieces-shuffled", "4mib-pages"],
+)
+def test_gathered_write_stores_the_pieces_as_one_page_with_its_checksum(
+    tmp_path: Path, engine: PosixEngine, page_bytes: int, cuts: list[int], pages: list[int]
+) -> None:
+    rng = random.Random(page_bytes)
+    data = [rng.randbytes(page_bytes) for _ in pages]
+    bounds = [0, *cuts, page_bytes]
+    pieces = [
+        [memoryview(page)[a:b] for a, b in itertools.pairwise(bounds)] for page in data
+    ]  # read-only views: a write may take them
+    with _page_file(tmp_path, page_bytes) as file:
+        written = engine.write_pages_gathered(file, pages, pieces)
+        back = [bytearray(page_bytes) for _ in pages]
+        read = engine.read_pages(file, pages, back, expected=[w.checksum for w in written])
+    assert [w.ok for w in written] == [True] * len(pages)
+    assert [w.checksum for w in written] == [checksum(page, "xxh3") for page in data]
+    assert [r.ok for r in read] == [True] * len(pages) and back == data
+
+
+def test_gathered_write_of_block_pieces_stores_what_a_gather_stages(
+    tmp_path: Path, engine: PosixEngine
+) -> None:
+    """A KV block saved from its per-layer ranges is the page a gather would stage."""
+    seg = KVSegment(
+        buffer=torch.randint(0, 256, (2 * 3 * 5 * 4096 + 8,), dtype=torch.uint8),
+        offset=8,
+        layer_stride=5 * 8192,
+        block_stride=8192,
+        num_layers=3,
+        num_blocks=5,
+        page_size=4096,
+    )
+    blocks = [4, 0, 2]
+    staged = torch.empty(len(blocks), seg.page_bytes, dtype=torch.uint8)
+    gather_blocks_reference([seg], blocks, staged)
+    with _page_file(tmp_path, seg.page_bytes) as file:
+        gathered = engine.write_pages_gathered(file, [0, 1, 2], page_pieces([seg], blocks))
+        plain = engine.write_pages(file, [3, 4, 5], list(staged.numpy()))
+        back = [bytearray(seg.page_bytes) for _ in range(3)]
+        engine.read_pages(file, [0, 1, 2], back)
+    assert [g.ok for g in gathered] == [p.ok for p in plain] == [True] * 3
+    assert [g.checksum for g in gathered] == [p.checksum for p in plain]
+    assert back == [bytes(row.numpy()) for row in staged]
+
+
+def test_gathered_pieces_past_a_page_are_bounds_errors(tmp_path: Path, engine: PosixEngine) -> None:
+    with _page_file(tmp_path, 8192) as file:
+        results = engine.write_pages_gathered(
+            file, [1, 2, NUM_PAGES], [[b"x" * 8192, b"y"], [b"z" * 100], [b"w" * 10]]
+        )
+    assert [(r.ok, r.error) for r in results] == [
+        (False, ERROR_BOUNDS),
+        (True, None),
+        (False, ERROR_BOUNDS),
+    ]
+
+
 def test_page_pieces_name_the_bytes_gather_copies() -> None:
     seg = KVSegment(
         buffer=torch.randint(0, 256, (2 * 3 * 5 * 16 + 8,), dtype=torch.uint8),

@@ -28,6 +28,7 @@ from hf3fsctl.errors import StorageError
 from hf3fsctl.meta.policy import StorePolicy
 from hf3fsctl.meta.sqlite.store import MetadataStore
 from hf3fsctl.staging import StagingPool
+from hf3fsctl.storage.checksum import checksum
 from hf3fsctl.storage.engine import engine_host_memory
 from hf3fsctl.storage.factory import describe_engine_choice, open_engine
 from hf3fsctl.storage.layout import PageFile
@@ -146,6 +147,18 @@ def test_round_trip_through_rounds_of_the_bounce_iov(usrbio: UsrbioEngine, file:
     assert all(r.ok for r in written + read)
     assert [bytes(b) for b in out] == data
     assert usrbio.counters()["copied_pages"] == 2 * len(pages)
+
+
+def test_gathered_pages_go_through_the_bounce_iov_piece_by_piece(
+    usrbio: UsrbioEngine, file: PageFile
+) -> None:
+    data = pages_of(6)  # more than the bounce iov holds: two rounds
+    pieces = [[memoryview(p)[:1], memoryview(p)[1:4096], memoryview(p)[4096:]] for p in data]
+    written = usrbio.write_pages_gathered(file, list(range(6)), pieces)
+    assert [w.checksum for w in written] == [checksum(p, "xxh3") for p in data]
+    back = [bytearray(5000) for _ in data]
+    results = usrbio.read_pages(file, list(range(6)), back, expected=[w.checksum for w in written])
+    assert all(r.ok for r in results) and back == data
 
 
 def test_iov_backed_staging_rows_move_without_a_copy(usrbio: UsrbioEngine, file: PageFile) -> None:

@@ -38,10 +38,12 @@ from hf3fsctl.tier import (
     METADATA_DOWN,
     NO_SPACE,
     NOT_FOUND,
+    REUSED,
     SAVED,
     SIZE,
     LoadCancel,
     PagePieces,
+    PageSources,
     SaveBatch,
     StagingRows,
     Tier,
@@ -336,6 +338,61 @@ def test_a_load_into_page_pieces_equals_a_load_into_rows(st: Store) -> None:
     view = segments[0].blocks_view()
     for i in range(3):
         assert np.array_equal(view[blocks[i]].reshape(-1).numpy(), rows[i])
+
+
+def _cache_holding(chain: list[str], blocks: list[int]) -> tuple[torch.Tensor, list[KVSegment]]:
+    """A host KV cache whose `blocks[i]` hold the page of `chain[i]`."""
+    raw, segments = _host_cache(8)
+    for pieces, key in zip(page_pieces(segments, blocks), chain, strict=True):
+        data, at = page(key).tobytes(), 0
+        for piece in pieces:
+            piece[:] = data[at : at + len(piece)]
+            at += len(piece)
+    return raw, segments
+
+
+def test_a_save_from_block_ranges_stores_what_a_save_of_rows_stores(
+    tmp_path: Path, st: Store
+) -> None:
+    chain, blocks = keys(4), [5, 1, 6, 2]
+    _, segments = _cache_holding(chain, blocks)
+    saved = st.tier().save(chain, PageSources(page_pieces(segments, blocks)), 0)
+    assert (saved.kinds, saved.committed, saved.storage_worked) == ([SAVED] * 4, 4, True)
+    rows = empty_rows(4)
+    assert st.tier().load(chain, StagingRows(rows)).kinds == [LOADED] * 4
+    assert all(np.array_equal(r, page(k)) for r, k in zip(rows, chain, strict=True))
+    other = MetadataStore(tmp_path / "b.db")  # the same pages saved from rows
+    (tmp_path / "b").mkdir()
+    ns_b, files_b = register_growable(other, tmp_path / "b")
+    alone = Store(tmp_path / "b", other, ns_b, files_b[0], st.engine)
+    alone.tier().save(chain, rows_of(chain))
+    assert _stored(st) == _stored(alone)  # the same checksums
+    files_b[0].close()
+    other.close()
+
+
+def test_ranges_reused_before_their_write_ended_are_released_not_committed(st: Store) -> None:
+    """The check is asked after the write: what was reused by then is never committed."""
+    first, second = keys(3, salt="a"), keys(2, salt="b")
+    _, segments = _cache_holding([*first, *second], [0, 1, 2, 3, 4])
+    asked: list[str] = []
+
+    def held(name: str, answer: bool) -> Callable[[], bool]:
+        return lambda: asked.append(name) is None and answer
+
+    kept, reused = held("kept", True), held("reused", False)
+    outcomes = st.tier().save_many(
+        [
+            SaveBatch(first, PageSources(page_pieces(segments, [0, 1, 2]), [kept] * 3)),
+            SaveBatch(second, PageSources(page_pieces(segments, [3, 4]), [reused] * 2), 3),
+        ]
+    )
+    assert [o.kinds for o in outcomes] == [[SAVED] * 3, [REUSED] * 2]
+    assert [o.committed for o in outcomes] == [3, 0]
+    assert sorted(asked) == ["kept", "reused"]  # each check once, not once per key
+    assert outcomes[1].storage_failure is None  # not the storage's fault: no back-off
+    assert (st.committed(), st.pending(), st.sound()) == (3, 0, [])
+    assert st.tier().save(second, rows_of(second), 3).kinds == [SAVED] * 2  # not held
 
 
 def test_a_load_cancelled_before_it_starts_touches_nothing(st: Store) -> None:
