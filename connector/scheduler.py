@@ -571,6 +571,8 @@ class SchedulerSide:
         ):  # most decode steps: no per-request loop, no objects
             return NO_WORK
         preempted: list[str] = []
+        if output.preempted_req_ids:
+            self.stats.add(preempted=len(output.preempted_req_ids))
         for req_id in output.preempted_req_ids or ():
             state = self._requests.get(req_id)
             if state is not None:  # its blocks are gone: ask the store again on resume

@@ -53,6 +53,7 @@ COUNTERS = (
     "save_existing",  # blocks another writer had already stored
     "save_dropped",  # blocks not saved (pool full, service down, no space, I/O)
     "invalidated",  # keys dropped from the store because a load found them corrupt
+    "preempted",  # requests vLLM preempted (their saves still reading blocks: `reused`)
     # connector.store_after_hits: prompt blocks its admission decision kept from being
     # saved (the first one not admitted and every one after it; the store's
     # `admission_skipped` counts the keys it answered False, store-wide)

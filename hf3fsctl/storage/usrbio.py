@@ -309,22 +309,7 @@ class UsrbioEngine:
         """Write `buffers[i]` into page `pages[i]`; see `IOEngine.write_pages`."""
         if len(pages) != len(buffers):
             raise InvalidRequest("pages and buffers must have the same length")
-        results: list[PageResult | None] = [None] * len(pages)
-        items: list[_Item] = []
-        for i, (page, buffer) in enumerate(zip(pages, buffers, strict=True)):
-            try:
-                offset = file.offset(page)
-                view = memoryview(buffer).cast("B")
-            except (InvalidRequest, TypeError, ValueError) as exc:
-                results[i] = PageResult(page, False, ERROR_BOUNDS, None, str(exc))
-                continue
-            if not 0 < len(view) <= file.page_bytes:
-                results[i] = PageResult(page, False, ERROR_BOUNDS, None, "bad buffer size")
-                continue
-            item = _Item(i, page, offset, len(view), [view])
-            item.checksum = page_checksum(view) if checksums else None
-            items.append(item)
-        return self._batch(file, items, results, None, reading=False)
+        return self._write(file, pages, [[b] for b in buffers], checksums)
 
     def write_pages_gathered(
         self,
@@ -340,9 +325,20 @@ class UsrbioEngine:
         (counted as copied)."""
         if len(pages) != len(pieces):
             raise InvalidRequest("pages and piece lists must have the same length")
+        return self._write(file, pages, pieces, checksums)
+
+    def _write(
+        self,
+        file: PageFile,
+        pages: Sequence[int],
+        sources: Sequence[Sequence[Buffer]],
+        checksums: bool,
+    ) -> list[PageResult]:
+        """Each page's buffers, in order: one (moved in place when it is iov memory) or
+        several (through the bounce iov)."""
         results: list[PageResult | None] = [None] * len(pages)
         items: list[_Item] = []
-        for i, (page, parts) in enumerate(zip(pages, pieces, strict=True)):
+        for i, (page, parts) in enumerate(zip(pages, sources, strict=True)):
             try:
                 offset = file.offset(page)
                 views = [memoryview(part).cast("B") for part in parts]
@@ -351,10 +347,13 @@ class UsrbioEngine:
                 continue
             nbytes = sum(len(v) for v in views)
             if not 0 < nbytes <= file.page_bytes:
-                results[i] = PageResult(page, False, ERROR_BOUNDS, None, "bad piece sizes")
+                results[i] = PageResult(page, False, ERROR_BOUNDS, None, "bad buffer size")
                 continue
             item = _Item(i, page, offset, nbytes, views)
-            item.checksum = checksum_views(views) if checksums else None
+            if checksums:
+                item.checksum = (
+                    page_checksum(views[0]) if len(views) == 1 else checksum_views(views)
+                )
             items.append(item)
         return self._batch(file, items, results, None, reading=False)
 

@@ -271,10 +271,12 @@ def test_requests_preempted_under_a_full_kv_cache_never_leave_a_wrong_page(
     is the page of its key (the fake forward writes each block's key's pattern)."""
     prompts = [prompt_tokens(12 * BLOCK_SIZE + 1, salt=n) for n in range(3)]
     requests = [make_request(f"r{n}", p, max_tokens=14 * BLOCK_SIZE) for n, p in enumerate(prompts)]
+    before = hf3fsctl_connector.process_totals()["preempted"]
     harness.run(*requests, timeout_s=120)
     assert hf3fsctl_connector.wait_for_saves(10)
     preempted = [name for meta in harness.metas for name in meta.preempted]
     assert preempted and set(preempted) <= {r.request_id for r in requests}
+    assert hf3fsctl_connector.process_totals()["preempted"] - before >= len(preempted)
     worker = harness.worker.worker_side
     checked = 0
     for request in requests:
