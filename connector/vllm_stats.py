@@ -102,6 +102,8 @@ _COUNTER_HELP = {
     "bytes_saved": "Bytes saved to hf3fsctl",
     "misses": "Requests served as a miss because the metadata service failed",
     "invalidated": "Keys dropped from the store because a load found them corrupt",
+    "preempted": "Requests vLLM preempted (saves still reading their blocks are not "
+    "committed: failed_blocks{kind=reused})",
     "admission_skipped_blocks": "Prompt blocks not saved because admission "
     "(connector.store_after_hits) had not seen them often enough",
 }

@@ -47,10 +47,20 @@ def test_prometheus_metrics_export_counters_failures_and_latency() -> None:
     config = SimpleNamespace(kv_transfer_config=None)
     metrics = Hf3fsctlPromMetrics(config, types, ["engine"], {0: ["0"]})
     metrics.observe(
-        {"hit_tokens": 64, "invalidated": 3, "failed_checksum": 2, "lookup_s": [0.002]}, 0
+        {
+            "hit_tokens": 64,
+            "invalidated": 3,
+            "preempted": 2,
+            "failed_checksum": 2,
+            "failed_reused": 5,
+            "lookup_s": [0.002],
+        },
+        0,
     )
     value = registry.get_sample_value
     assert value("hf3fsctl:connector_hit_tokens_total", {"engine": "0"}) == 64
     assert value("hf3fsctl:connector_invalidated_total", {"engine": "0"}) == 3
+    assert value("hf3fsctl:connector_preempted_total", {"engine": "0"}) == 2
+    assert value("hf3fsctl:connector_failed_blocks_total", {"engine": "0", "kind": "reused"}) == 5
     assert value("hf3fsctl:connector_failed_blocks_total", {"engine": "0", "kind": "checksum"}) == 2
     assert value("hf3fsctl:connector_latency_seconds_count", {"engine": "0", "op": "lookup"}) == 1
