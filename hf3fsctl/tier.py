@@ -17,7 +17,10 @@ Contract:
       `metadata_down`; another typed error is `error`. A save that reached the store
       with no storage failure sets `storage_worked`. `Tier.save_many(batches)`: the same
       for several chains (a step's save jobs) in one allocate and one commit transaction
-      where the store offers `SavesPages`, an outcome per batch.
+      where the store offers `SavesPages`, an outcome per batch. The pages are one buffer
+      per key, or `PageSources`: each key's byte ranges (a host KV cache's block), written
+      in place; a key whose ranges its owner reused before the write ended (asked after
+      it) is `reused` and released, never committed.
     * `Tier.load(keys, into)`: locate (a read lease) → read each found page of the
       expected size into its target, verifying its checksum → deliver the intact pages.
       One path for both targets: `StagingRows` (one buffer per key; its `deliver`
