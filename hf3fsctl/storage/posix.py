@@ -15,7 +15,8 @@ Contract (beyond `hf3fsctl.storage.engine.IOEngine`):
       thread, so a call of a few small pages never wakes a thread, adjacent or not.
       With a pool, the checksums of a write task of at least ``MIN_TASK_BYTES`` are
       computed by another thread while its bytes are written; a smaller task checksums
-      its pages itself.
+      its pages itself. A buffered write (a copy into the page cache) runs on at most as
+      many threads as the process has CPUs; reads and O_DIRECT writes on ``io_threads``.
     * Short transfers are resumed; end of file leaves the uncovered pages "short". An
       error in a multi-page call is retried page by page so it is attributed exactly.
     * With ``o_direct``, a task uses the file's O_DIRECT descriptor only when every buffer
@@ -126,6 +127,10 @@ class PosixEngine:
         if io_threads < 1:
             raise InvalidRequest(f"io_threads must be at least 1, got {io_threads}")
         self.io_threads = io_threads
+        # A buffered write is a copy into the page cache: more threads than CPUs only add
+        # contention (192 MiB from 16 threads cost 1.3–1.4x the CPU of 2 on 2 cores).
+        # Reads and O_DIRECT writes wait on the device or the network: all io_threads.
+        self.write_threads = io_threads if o_direct else max(1, min(io_threads, usable_cpus()))
         self.o_direct = o_direct
         self.max_task_bytes = max_task_bytes
         self._iov_max = max(2, os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024)
@@ -375,6 +380,11 @@ class PosixEngine:
         if small and small_bytes < MIN_TASK_BYTES and len(shares) > 1:
             shares = [share for share in shares if share is not small]  # too short alone:
             shares[0] += small  # it joins the first share
+        threads = self.write_threads
+        if not reading and len(shares) > threads:  # one list per thread, shares dealt round
+            shares = [
+                [job for share in shares[i::threads] for job in share] for i in range(threads)
+            ]
         if self._pool is None or len(shares) == 1:
             outcomes = [job() for share in shares for job in share]
         else:
@@ -469,6 +479,14 @@ class PosixEngine:
                 digest = _written_checksum(op) if checksums else None
                 out.append((op, PageResult(op.page, True, None, digest)))
         return out
+
+
+def usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity mask where the OS has one)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
 
 
 def _run_share(share: list[_Job]) -> list[list[tuple[_Op, PageResult]]]:

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from hf3fsctl.errors import InvalidRequest, StorageError
+from hf3fsctl.storage import posix
 from hf3fsctl.storage.checksum import page_checksum
 from hf3fsctl.storage.engine import find_mount
 from hf3fsctl.storage.factory import describe_engine_choice, open_engine
@@ -97,6 +98,40 @@ def test_small_pages_that_are_not_adjacent_never_wake_a_thread(tmp_path: Path) -
     assert all(r.ok for r in written + read + pieces)
     assert [bytes(b) for b in out] == data == [bytes(a + b) for a, b in scattered]
     assert woken == 0
+
+
+def test_a_buffered_write_runs_on_no_more_threads_than_the_cpus(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A copy into the page cache is CPU work: 16 io_threads on 2 CPUs write on 2 (the
+    page writes and their checksums dealt between them); O_DIRECT keeps every thread."""
+    monkeypatch.setattr(posix, "usable_cpus", lambda: 2)
+    seen: set[int] = set()
+    task, checksum_task = PosixEngine._task, posix._checksum_task
+
+    def counted_task(self: PosixEngine, *args: object) -> object:
+        seen.add(threading.get_ident())
+        return task(self, *args)  # type: ignore[arg-type]
+
+    def counted_checksums(ops: object, digests: object) -> object:
+        seen.add(threading.get_ident())
+        return checksum_task(ops, digests)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(PosixEngine, "_task", counted_task)
+    monkeypatch.setattr(posix, "_checksum_task", counted_checksums)
+    page_bytes = 4 << 20
+    data = _random_pages(random.Random(3), 12, page_bytes)
+    with _page_file(tmp_path, page_bytes) as file, PosixEngine(io_threads=16) as engine:
+        assert engine.write_threads == 2
+        written = engine.write_pages(file, list(range(12)), data)
+        writers = len(seen)
+        out = [bytearray(page_bytes) for _ in data]
+        read = engine.read_pages(file, list(range(12)), out, expected=[w.checksum for w in written])
+    assert all(r.ok for r in written + read) and [bytes(b) for b in out] == data
+    assert [w.checksum for w in written] == [page_checksum(d) for d in data]
+    assert 1 <= writers <= 2
+    with PosixEngine(io_threads=16, o_direct=True) as direct:
+        assert direct.write_threads == 16
 
 
 def test_write_checksum_is_of_the_bytes_written(tmp_path: Path, engine: PosixEngine) -> None:
