@@ -188,7 +188,13 @@ class StorageConfig(ConfigSection):
         kind="size",
         ge=1 << 20,
     )
-    io_threads: int = _field(16, "parallel page reads/writes per process", ge=1, le=256)
+    io_threads: int = _field(
+        16,
+        "parallel page reads and O_DIRECT writes per process (buffered writes, copies into "
+        "the page cache, use at most one thread per CPU)",
+        ge=1,
+        le=256,
+    )
     o_direct: bool = _field(False, "bypass the page cache (O_DIRECT) when aligned")
 
     @model_validator(mode="after")
