@@ -145,6 +145,20 @@ def _run_until_finished(harness: Harness, request: Any) -> None:
         time.sleep(0.001)
 
 
+def _release_saves(gate: threading.Event, blockers: list[Any]) -> None:
+    """Let the stalled save threads go, and wait until every save has ended."""
+    gate.set()
+    for blocker in blockers:
+        blocker.result(5)
+    assert hf3fsctl_connector.wait_for_saves(10)
+
+
+def _holds_its_page(worker: WorkerSide, key: bytes) -> bool:
+    """Whether the store holds `key` with the bytes the fake forward wrote for it."""
+    stored = _stored_page(worker, key)
+    return stored is not None and torch.equal(stored, pattern(key, worker.manifest.page_bytes))
+
+
 def _stored_page(worker: WorkerSide, key: bytes) -> torch.Tensor | None:
     location = worker.guard.call(lambda c: c.locate(worker.namespace, worker.rank, [key.hex()]))
     if location[0] is None:
@@ -184,10 +198,7 @@ def test_a_host_cache_saves_from_its_blocks_without_staging(harness: Harness) ->
     after = hf3fsctl_connector.process_totals()
     assert after["failed_pool_exhausted"] == before["failed_pool_exhausted"]
     assert after["blocks_saved"] - before["blocks_saved"] == 2
-    for block_hash in request.block_hashes[:2]:
-        key = bytes(block_hash)
-        stored = _stored_page(worker, key)
-        assert stored is not None and torch.equal(stored, pattern(key, worker.manifest.page_bytes))
+    assert all(_holds_its_page(worker, bytes(h)) for h in request.block_hashes[:2])
 
 
 def test_save_copies_blocks_before_the_step_returns(harness: Harness) -> None:
@@ -197,13 +208,8 @@ def test_save_copies_blocks_before_the_step_returns(harness: Harness) -> None:
     request = make_request("r", prompt_tokens(BLOCK_SIZE + 1), max_tokens=1)
     _run_until_finished(harness, request)
     harness.raw.zero_()  # the KV cache changes while the write is still pending
-    gate.set()
-    for blocker in blockers:
-        blocker.result(5)
-    assert hf3fsctl_connector.wait_for_saves(10)
-    key = bytes(request.block_hashes[0])
-    stored = _stored_page(worker, key)
-    assert stored is not None and torch.equal(stored, pattern(key, worker.manifest.page_bytes))
+    _release_saves(gate, blockers)
+    assert _holds_its_page(worker, bytes(request.block_hashes[0]))
 
 
 def test_a_finished_requests_blocks_are_held_until_its_save_from_them_ends(
@@ -216,18 +222,13 @@ def test_a_finished_requests_blocks_are_held_until_its_save_from_them_ends(
     for _ in range(3):
         harness.step()
     assert "r" in harness.scheduler.requests  # finished, its blocks still held
-    gate.set()
-    for blocker in blockers:
-        blocker.result(5)
-    assert hf3fsctl_connector.wait_for_saves(10)
+    _release_saves(gate, blockers)
     deadline = time.monotonic() + 10
     while "r" in harness.scheduler.requests and time.monotonic() < deadline:
         harness.step()  # get_finished reports it: vLLM frees the blocks
         time.sleep(0.001)
     assert "r" not in harness.scheduler.requests
-    key = bytes(request.block_hashes[0])
-    stored = _stored_page(worker, key)
-    assert stored is not None and torch.equal(stored, pattern(key, worker.manifest.page_bytes))
+    assert _holds_its_page(worker, bytes(request.block_hashes[0]))
 
 
 def test_a_save_still_reading_a_preempted_requests_blocks_commits_nothing(
@@ -250,15 +251,10 @@ def test_a_save_still_reading_a_preempted_requests_blocks_commits_nothing(
     for pieces in worker._page_pieces(list(blocks)):  # that forward writes other data there
         for piece in pieces:
             piece[:] = bytes(len(piece))
-    gate.set()
-    for blocker in blockers:
-        blocker.result(5)
-    assert hf3fsctl_connector.wait_for_saves(10)
+    _release_saves(gate, blockers)
     assert hf3fsctl_connector.process_totals()["failed_reused"] - before == 1
     assert _stored_page(worker, bytes(lost.block_hashes[0])) is None
-    key = bytes(kept.block_hashes[0])
-    stored = _stored_page(worker, key)
-    assert stored is not None and torch.equal(stored, pattern(key, worker.manifest.page_bytes))
+    assert _holds_its_page(worker, bytes(kept.block_hashes[0]))
     assert worker._preempted == {}  # forgotten with the last save of the request
 
 
