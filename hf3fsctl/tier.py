@@ -481,10 +481,11 @@ class Tier:
                 for b in batches
             ]
         keys = [key for batch in batches for key in batch.keys]
+        sources = [b.pages for b in batches if isinstance(b.pages, PageSources)]
         pages: Pages = (
-            _joined([b.pages for b in batches if isinstance(b.pages, PageSources)])
-            if ranges == {True}
-            else [page for batch in batches for page in batch.pages]  # type: ignore[union-attr]
+            _joined(sources)
+            if sources
+            else [page for b in batches for page in cast("Sequence[Buffer]", b.pages)]
         )
         depths = [b.first_depth + i for b in batches for i in range(len(b.keys))]
         return _split(self._save(keys, pages, 0, depths, terms.pop()), batches)
