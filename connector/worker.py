@@ -153,6 +153,24 @@ def _tp_rank() -> int:
         return 0
 
 
+def allow_amx_tiles() -> None:
+    """Ask Linux for this process's AMX tile state, once, where the CPU has AMX.
+
+    vLLM 0.32's CPU attention runs AMX tile instructions for bf16 (`_get_attn_isa` picks
+    "amx" for a bf16 model and a block size that is a multiple of 32) without asking the
+    kernel for them (`arch_prctl(ARCH_REQ_XCOMP_PERM)`); oneDNN asks on its first AMX
+    matmul, which a prefill of many tokens runs before any attention. An engine whose
+    first forward is a loaded prefix and a few new tokens — a fresh process warm from the
+    store — reaches attention first and dies of SIGILL. torch's own call asks; a CPU or
+    kernel without AMX is left alone. Idempotent.
+    """
+    try:
+        if torch.cpu._is_amx_tile_supported() and not torch.cpu._init_amx():
+            logger.warning("the kernel refused AMX tile state: vLLM's bf16 attention may fail")
+    except Exception as exc:  # a torch without these calls: nothing to ask
+        logger.debug("asking for AMX tile state failed: %s", exc)
+
+
 class WorkerSide(WorkerStorage):
     """Executes the transfers of one rank and reports their results.
 
@@ -237,6 +255,8 @@ class WorkerSide(WorkerStorage):
             )
         device = self.segments[0].buffer.device
         self._cuda = device.type == "cuda"
+        if device.type == "cpu":
+            allow_amx_tiles()
         if self.capture:  # no page file, no registration: nothing reaches the store
             self.disabled = "capture mode (hf3fsctl verify): pages are kept in memory"
             logger.info("hf3fsctl connector rank %d: %s", self.rank, self.disabled)
