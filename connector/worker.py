@@ -11,8 +11,9 @@ Contract (storage, registration, `tier`, start-up failures and staging prewarm:
 `connector.worker_storage`):
     * `register_kv_caches` derives the page geometry from `kv_cache_tensors`, checks it
       against the tensors (`connector.geometry`), then opens storage and registers this
-      rank (`WorkerStorage`). Only configuration errors (an unknown KV layout) raise
-      from it; a storage failure leaves the connector disabled — loads fail fast and
+      rank (`WorkerStorage`); on a host KV cache it first asks Linux for the AMX tile
+      state vLLM's bf16 attention uses without asking (`allow_amx_tiles`). Only
+      configuration errors (an unknown KV layout) raise from it; a storage failure leaves the connector disabled — loads fail fast and
       are recomputed, saves are dropped — and is retried off the engine step.
     * A save that hits ENOSPC/EIO fails alone (counted by kind, its pages released) and
       saves pause for `connector.storage_retry_s`; `ConnectorHealth` records the state
