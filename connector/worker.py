@@ -13,8 +13,9 @@ Contract (storage, registration, `tier`, start-up failures and staging prewarm:
       against the tensors (`connector.geometry`), then opens storage and registers this
       rank (`WorkerStorage`); on a host KV cache it first asks Linux for the AMX tile
       state vLLM's bf16 attention uses without asking (`allow_amx_tiles`). Only
-      configuration errors (an unknown KV layout) raise from it; a storage failure leaves the connector disabled — loads fail fast and
-      are recomputed, saves are dropped — and is retried off the engine step.
+      configuration errors (an unknown KV layout) raise from it; a storage failure
+      leaves the connector disabled — loads fail fast and are recomputed, saves are
+      dropped — and is retried off the engine step.
     * A save that hits ENOSPC/EIO fails alone (counted by kind, its pages released) and
       saves pause for `connector.storage_retry_s`; `ConnectorHealth` records the state
       for `doctor` and Prometheus.
