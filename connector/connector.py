@@ -7,7 +7,8 @@ process; in-process vLLM builds one of each in the same process. Load with
 `kv_connector_module_path="hf3fsctl_connector.connector"`.
 
 Implements vLLM's `SupportsHMA`, so vLLM keeps its hybrid KV cache manager on: every
-stored KV cache group (full attention, MLA, sliding window, Mamba "align" state) has
+stored KV cache group (full attention, MLA, sliding window, chunked local attention,
+Mamba "align" state) has
 its own namespace and worker side (`connector.group_workers`); the scheduler side looks
 up the longest prefix every group can serve (`hf3fsctl.kv_groups`).
 

@@ -5,11 +5,11 @@ Contract:
       hf3fsctl YAML) plus dotted overrides (`"storage.path": ...`), through
       `hf3fsctl.config.load_config` (so errors name the key).
     * `kv_groups(kv_cache_config)` returns every transferable KV cache group as a
-      `StoredGroup`: full attention and MLA (FULL), sliding window (SLIDING), Mamba
-      state in prefix-caching "align" mode (MAMBA). Anything else (chunked local
-      attention, sliding-window MLA, sink attention, non-"align" Mamba, EAGLE/MTP draft
-      groups, groups of different block sizes) is one `ConfigError` line at start-up
-      naming what is unsupported.
+      `StoredGroup`: full attention and MLA (FULL), sliding window (SLIDING), chunked
+      local attention (CHUNKED), Mamba state in prefix-caching "align" mode (MAMBA).
+      Anything else (sliding-window MLA, sink attention, non-"align" Mamba, EAGLE/MTP
+      draft groups, groups of different block sizes) is one `ConfigError` line at
+      start-up naming what is unsupported.
     * `build_manifests(vllm_config, kv_cache_config)` gives each stored group its own
       namespace manifest (docs/design.md decision 16); a pure function of the two
       configs, so the scheduler and every worker compute the same namespace ids;
@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 from hf3fsctl.config import Config, load_config
 from hf3fsctl.errors import ConfigError
 from hf3fsctl.keys import DEFAULT_NONE_HASH_SEED, NamespaceManifest, model_revision, none_hash
-from hf3fsctl.kv_groups import FULL, MAMBA, SLIDING
+from hf3fsctl.kv_groups import CHUNKED, FULL, MAMBA, SLIDING
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -59,11 +59,12 @@ class StoredGroup:
     """One KV cache group the connector stores, as plain data (see `hf3fsctl.kv_groups`)."""
 
     index: int  # position in vLLM's `kv_cache_groups`
-    kind: str  # FULL, SLIDING or MAMBA
+    kind: str  # FULL, SLIDING, CHUNKED or MAMBA
     spec: Any  # vLLM's KVCacheSpec of the group
     layer_names: tuple[str, ...]  # the group's layers, in order
     page_size_bytes: int  # stored bytes of one block of one layer
-    window_tokens: int = 0  # SLIDING: tokens the window keeps (window + retained)
+    # SLIDING: tokens the window keeps (window + retained); CHUNKED: the attention chunk
+    window_tokens: int = 0
 
 
 def _unsupported(message: str, hint: str) -> ConfigError:
@@ -73,6 +74,7 @@ def _unsupported(message: str, hint: str) -> ConfigError:
 
 def _group_kind(index: int, group: Any) -> StoredGroup:
     from vllm.v1.kv_cache_interface import (
+        ChunkedLocalAttentionSpec,
         FullAttentionSpec,
         MambaSpec,
         MLAAttentionSpec,
@@ -92,6 +94,9 @@ def _group_kind(index: int, group: Any) -> StoredGroup:
     if type(spec) is SlidingWindowSpec:
         window = int(spec.sliding_window) + int(spec.extra_retained_tokens)
         return StoredGroup(index, SLIDING, spec, layers, int(spec.page_size_bytes), window)
+    if type(spec) is ChunkedLocalAttentionSpec:
+        chunk = int(spec.attention_chunk_size)
+        return StoredGroup(index, CHUNKED, spec, layers, int(spec.page_size_bytes), chunk)
     if type(spec) is MambaSpec:
         if spec.mamba_cache_mode != "align":
             raise _unsupported(
@@ -108,7 +113,8 @@ def _group_kind(index: int, group: Any) -> StoredGroup:
         return StoredGroup(index, MAMBA, spec, layers, int(spec.real_page_size_bytes))
     raise _unsupported(
         f"KV cache group {index} has spec {name}",
-        "stored: full attention, MLA, sliding window and Mamba 'align' groups "
+        "stored: full attention, MLA, sliding window, chunked local attention and Mamba "
+        "'align' groups "
         "(docs/vllm.md lists the rest)",
     )
 
@@ -204,6 +210,8 @@ def _structure(kv_cache_config: KVCacheConfig) -> str:
                 bool(group.enable_kv_transfer),
             ]
         )
+        if getattr(spec, "attention_chunk_size", None):  # (only there: older ids unchanged)
+            rows[-1].append(int(spec.attention_chunk_size))
     return hashlib.sha256(json.dumps(rows).encode()).hexdigest()[:16]
 
 
@@ -231,8 +239,10 @@ def _group_manifest(
             "group": str(group.index),
             "group_kind": group.kind,
             "groups": _structure(kv_cache_config),
-            "sliding_window": str(group.window_tokens),
+            "sliding_window": str(group.window_tokens if group.kind == SLIDING else 0),
         }
+        if group.kind == CHUNKED:
+            extra["attention_chunk"] = str(group.window_tokens)
         if group.kind == MAMBA:
             extra["mamba_state"] = f"{spec.shapes}:{[_dtype_name(d) for d in spec.dtypes]}"
     if numerics is not None:  # connector.strict_numerics: other numerics, other namespace

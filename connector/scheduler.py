@@ -71,7 +71,7 @@ from hf3fsctl.config import Config
 from hf3fsctl.errors import MetadataUnavailable
 from hf3fsctl.health import ConnectorHealth
 from hf3fsctl.keys import NamespaceManifest, block_keys
-from hf3fsctl.kv_groups import FULL, MAMBA, SLIDING, GroupPlan, longest_hit
+from hf3fsctl.kv_groups import CHUNKED, FULL, MAMBA, SLIDING, GroupPlan, longest_hit
 from hf3fsctl.meta.protocol import PreparesLookups
 
 from .events import StoreEvents, block_payloads
@@ -93,7 +93,12 @@ LOOKUP_THREADS = 4
 # Mamba group's block table holds where vLLM keeps no KV (never saved, never loaded).
 NULL_BLOCK_ID = 0
 # Our group kinds as vLLM's `KVCacheSpecKind` values (what its KV events carry).
-_SPEC_KINDS = {FULL: "full_attention", SLIDING: "sliding_window", MAMBA: "mamba"}
+_SPEC_KINDS = {
+    FULL: "full_attention",
+    SLIDING: "sliding_window",
+    CHUNKED: "chunked_local_attention",
+    MAMBA: "mamba",
+}
 
 
 # A step with no load to start and no save to plan: one shared metadata (workers only
@@ -175,7 +180,7 @@ class SchedulerSide:
                     poll_s=config.connector.kv_events_poll_s,
                     group_idx=plan.index,
                     spec_kind=_SPEC_KINDS.get(plan.kind) if self.hybrid else None,
-                    sliding_window=plan.window_tokens or None,
+                    sliding_window=(plan.window_tokens or None) if plan.kind == SLIDING else None,
                 )
                 for plan in self.groups
             }

@@ -9,6 +9,9 @@ same block hashes. What a hit of `k` blocks reads differs by kind (`GroupPlan.ne
 * full attention: blocks `[0, k)`;
 * sliding window of `W` tokens: the blocks vLLM keeps for the token after the hit,
   `[(k*block - W + 1) // block, k)` (vLLM pads the ones before with its null block);
+* chunked local attention in chunks of `C` tokens (Llama 4): the blocks of the chunk the
+  token after the hit attends to, `[(k*block // C) * C // block, k)` — none when the hit
+  ends on a chunk boundary;
 * Mamba in prefix-caching "align" mode: block `k - 1` only — the state after exactly
   `k` blocks of tokens.
 
@@ -27,8 +30,9 @@ from dataclasses import dataclass
 
 FULL = "full"  # full attention or MLA: every block of the prefix
 SLIDING = "sliding"  # sliding-window attention: the window before the hit boundary
+CHUNKED = "chunked"  # chunked local attention: the hit boundary's chunk so far
 MAMBA = "mamba"  # Mamba / linear-attention state at the hit boundary ("align" mode)
-KINDS = (FULL, SLIDING, MAMBA)
+KINDS = (FULL, SLIDING, CHUNKED, MAMBA)
 
 # Candidate hit boundaries tried below the full-attention prefix before giving up (each
 # costs one store call per windowed or state group).
@@ -42,9 +46,10 @@ class GroupPlan:
     """One stored KV cache group: where it is in vLLM's config and what a hit needs."""
 
     index: int  # position in vLLM's `kv_cache_groups` (block ids come per group)
-    kind: str  # FULL, SLIDING or MAMBA
+    kind: str  # FULL, SLIDING, CHUNKED or MAMBA
     namespace: str  # the group's namespace id
-    window_tokens: int = 0  # SLIDING: the window vLLM attends over, in tokens
+    # SLIDING: the window vLLM attends over; CHUNKED: the attention chunk (tokens)
+    window_tokens: int = 0
 
     def needed(self, hit_blocks: int, block_size: int) -> range:
         """Block positions this group must load for a hit of `hit_blocks` blocks."""
@@ -53,6 +58,9 @@ class GroupPlan:
         if self.kind == SLIDING:
             first = max(0, (hit_blocks * block_size - self.window_tokens + 1) // block_size)
             return range(first, hit_blocks)
+        if self.kind == CHUNKED:
+            chunk_start = hit_blocks * block_size // self.window_tokens * self.window_tokens
+            return range(chunk_start // block_size, hit_blocks)
         if self.kind == MAMBA:
             return range(hit_blocks - 1, hit_blocks)
         return range(hit_blocks)
@@ -63,11 +71,14 @@ class GroupPlan:
         extra = manifest.get("extra")
         extra = extra if isinstance(extra, Mapping) else {}
         kind = str(extra.get("group_kind", FULL))
-        return cls(index, kind, namespace, int(str(extra.get("sliding_window", "0")) or 0))
+        span = extra.get("attention_chunk" if kind == CHUNKED else "sliding_window", "0")
+        return cls(index, kind, namespace, int(str(span) or 0))
 
 
 def _holds(group: GroupPlan, keys: Sequence[str], hit: int, block: int, lookup: Lookup) -> bool:
     wanted = group.needed(hit, block)
+    if not wanted:  # a chunk boundary: the group needs nothing for this hit
+        return True
     return lookup(group.namespace, keys[wanted.start : wanted.stop]) == len(wanted)
 
 

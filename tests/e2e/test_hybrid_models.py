@@ -1,10 +1,13 @@
-"""Hybrid KV cache groups end to end: a sliding-window and a Mamba2 hybrid model on vLLM.
+"""Hybrid KV cache groups end to end: sliding-window, Mamba2 and chunked-local-attention
+hybrid models on vLLM.
 
-Two small random-weight models are built at test time (`hf3fsctl.vllm_tools.hybrid_models`):
+Three small random-weight models are built at test time (`hf3fsctl.vllm_tools.hybrid_models`):
 a Gemma-3-like model whose layers alternate a 64-token sliding window and full attention
-(two KV cache groups), and a Nemotron-H-like model with two Mamba2 mixers beside one
+(two KV cache groups), a Nemotron-H-like model with two Mamba2 mixers beside one
 attention layer (two Mamba state groups and a full-attention group, vLLM's prefix
-caching in "align" mode). Each runs without the connector, cold (an empty store) and
+caching in "align" mode), and a Llama-4-like model whose layers attend within 128-token
+chunks beside one global layer (the prompts' hit boundaries fall inside a chunk and on
+its end). Each runs without the connector, cold (an empty store) and
 warm (a fresh process on that store): greedy tokens must be equal, the warm run must
 load every full block below each prompt's last token, vLLM must keep its hybrid KV
 cache manager on with the connector configured, and a store whose pages of one group
@@ -41,7 +44,7 @@ HMA_OFF = "Turning off hybrid kv cache manager"
 class HybridCase:
     """One model and the engine settings it runs with."""
 
-    kind: str  # "sliding" or "mamba"
+    kind: str  # "sliding", "mamba" or "chunked"
     block: int  # tokens per block (vLLM raises it for Mamba to fit the state page)
     budget: int  # max_num_batched_tokens
     engine_args: dict[str, Any] = field(default_factory=dict)
@@ -52,32 +55,28 @@ CASES = {
     "sliding": HybridCase("sliding", 32, 256),
     "sliding-no-prefix-caching": HybridCase("sliding", 32, 256, {"enable_prefix_caching": False}),
     "mamba": HybridCase("mamba", 64, 64, corrupt_kind="mamba"),
+    "chunked": HybridCase("chunked", 32, 256, corrupt_kind="chunked"),
 }
 
 
 def _prompts(block: int) -> list[list[int]]:
-    """Two prompts sharing a prefix, a pair differing inside their last full block, and
-    one of exactly four blocks."""
+    """Two prompts sharing a prefix, a pair differing inside their last full block, one
+    of exactly four blocks and one whose hit ends on block 8 (a 128-token chunk's end)."""
     shared = shared_prefix_prompts(2, 500, 90, seed=7)
     base = shared_prefix_prompts(1, 9 * block + 5, 0, seed=11)[0]
     twin = list(base)
     twin[9 * block - 3] = 3 if base[9 * block - 3] != 3 else 4  # inside block 8, the last full
     exact = shared_prefix_prompts(1, 4 * block, 0, seed=9)[0]
-    return [*shared, base, twin, exact]
+    boundary = shared_prefix_prompts(1, 8 * block + 5, 0, seed=13)[0]
+    return [*shared, base, twin, exact, boundary]
 
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    from hf3fsctl.vllm_tools.hybrid_models import (
-        build_mamba_hybrid_model,
-        build_sliding_window_model,
-    )
+    from hf3fsctl.vllm_tools.hybrid_models import BUILDERS
 
     root = tmp_path_factory.mktemp("hybrid-models")
-    return {
-        "sliding": build_sliding_window_model(root / "sliding"),
-        "mamba": build_mamba_hybrid_model(root / "mamba"),
-    }
+    return {kind: build(root / kind) for kind, build in BUILDERS.items()}
 
 
 @dataclass
@@ -160,7 +159,11 @@ def test_vllm_keeps_its_hybrid_manager_on_with_the_connector(runs: Runs) -> None
     cold = runs.get("cold")
     assert HMA_OFF not in cold.log
     groups = json.dumps(sorted({m["extra"]["group_kind"] for m in _manifests(runs.store)}))
-    expected = {"sliding": ["full", "sliding"], "mamba": ["full", "mamba"]}[runs.case.kind]
+    expected = {
+        "sliding": ["full", "sliding"],
+        "mamba": ["full", "mamba"],
+        "chunked": ["chunked", "full"],
+    }[runs.case.kind]
     assert groups == json.dumps(expected)
 
 

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 import pytest
 
 from hf3fsctl.errors import ConfigError
-from hf3fsctl.kv_groups import FULL, MAMBA, SLIDING, GroupPlan, longest_hit
+from hf3fsctl.kv_groups import CHUNKED, FULL, MAMBA, SLIDING, GroupPlan, longest_hit
 
 BLOCK = 32
 KEYS = [f"k{i:02d}" for i in range(20)]
@@ -37,6 +37,7 @@ class Store:
 FULL_G = GroupPlan(0, FULL, "full")
 SLIDING_G = GroupPlan(1, SLIDING, "swa", window_tokens=64)  # two blocks of 32
 MAMBA_G = GroupPlan(2, MAMBA, "mamba")
+CHUNKED_G = GroupPlan(3, CHUNKED, "local", window_tokens=128)  # chunks of four blocks
 
 
 def test_full_attention_alone_is_the_stored_prefix_up_to_the_limit() -> None:
@@ -53,8 +54,20 @@ def test_full_attention_alone_is_the_stored_prefix_up_to_the_limit() -> None:
         (SLIDING_G, 1, range(0, 1)),
         (MAMBA_G, 5, range(4, 5)),
         (MAMBA_G, 0, range(0)),
+        (CHUNKED_G, 6, range(4, 6)),  # token 192 attends to tokens 128..191: blocks 4, 5
+        (CHUNKED_G, 3, range(0, 3)),
+        (CHUNKED_G, 8, range(8, 8)),  # token 256 starts a chunk: nothing before it
     ],
-    ids=["full", "sliding", "sliding-short", "mamba", "none"],
+    ids=[
+        "full",
+        "sliding",
+        "sliding-short",
+        "mamba",
+        "none",
+        "chunked",
+        "chunked-first",
+        "chunked-boundary",
+    ],
 )
 def test_each_kind_needs_what_vllm_keeps_for_the_next_token(
     plan: GroupPlan, hit: int, expected: range
@@ -88,6 +101,20 @@ def test_a_missing_full_attention_page_bounds_the_other_groups() -> None:
     assert longest_hit([FULL_G, MAMBA_G], KEYS, 12, BLOCK, store.lookup) == 4
 
 
+def test_chunked_local_attention_needs_only_the_boundary_chunk() -> None:
+    # Blocks 0..3 (the first chunk) were never stored; a hit of 6 needs blocks 4 and 5.
+    store = Store(full=set(range(7)), local={4, 5, 6})
+    assert longest_hit([FULL_G, CHUNKED_G], KEYS, 7, BLOCK, store.lookup) == 7
+    store = Store(full=set(range(7)), local={5, 6})  # block 4 missing: hits 5..7 need it
+    assert longest_hit([FULL_G, CHUNKED_G], KEYS, 7, BLOCK, store.lookup) == 4
+
+
+def test_a_chunk_boundary_asks_the_chunked_group_nothing() -> None:
+    store = Store(full=set(range(8)), local=set())
+    assert longest_hit([FULL_G, CHUNKED_G], KEYS, 8, BLOCK, store.lookup) == 8
+    assert store.calls == 1  # the full group's lookup only
+
+
 def test_probes_bound_the_store_calls() -> None:
     store = Store(full=set(range(20)), mamba=set())
     assert longest_hit([FULL_G, MAMBA_G], KEYS, 20, BLOCK, store.lookup, probes=3) == 0
@@ -98,6 +125,8 @@ def test_plan_comes_back_from_a_group_manifest() -> None:
     manifest = {"extra": {"group": "1", "group_kind": "sliding", "sliding_window": "64"}}
     assert GroupPlan.from_manifest(1, "swa", manifest) == SLIDING_G
     assert GroupPlan.from_manifest(0, "full", {"extra": {}}) == FULL_G
+    chunked = {"extra": {"group_kind": "chunked", "sliding_window": "0", "attention_chunk": "128"}}
+    assert GroupPlan.from_manifest(3, "local", chunked) == CHUNKED_G
 
 
 # --- start-up: which groups the connector stores ---------------------------------------
@@ -121,26 +150,29 @@ def _attention(kind: str, **extra: object) -> object:
     return cls(block_size=BLOCK, num_kv_heads=2, head_size=64, dtype=torch.float32, **extra)
 
 
-def test_full_and_sliding_groups_are_stored() -> None:
+def test_full_sliding_and_chunked_groups_are_stored() -> None:
     from hf3fsctl_connector.namespace import kv_groups
 
     config = _config(
-        _attention("SlidingWindowSpec", sliding_window=64), _attention("FullAttentionSpec")
+        _attention("SlidingWindowSpec", sliding_window=64),
+        _attention("FullAttentionSpec"),
+        _attention("ChunkedLocalAttentionSpec", attention_chunk_size=256),
     )
     groups = kv_groups(config)  # type: ignore[arg-type]
     assert [(g.index, g.kind, g.window_tokens) for g in groups] == [
         (0, SLIDING, 64),
         (1, FULL, 0),
+        (2, CHUNKED, 256),
     ]
 
 
 @pytest.mark.parametrize(
     ("spec", "eagle", "named"),
     [
-        (("ChunkedLocalAttentionSpec", {"attention_chunk_size": 64}), False, "ChunkedLocal"),
+        (("SinkFullAttentionSpec", {"sink_len": 4}), False, "SinkFullAttention"),
         (("FullAttentionSpec", {}), True, "EAGLE/MTP"),
     ],
-    ids=["chunked-local", "eagle"],
+    ids=["sink", "eagle"],
 )
 def test_unsupported_groups_fail_at_start_up_naming_what(
     spec: tuple[str, dict[str, object]], eagle: bool, named: str
