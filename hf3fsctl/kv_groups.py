@@ -58,7 +58,7 @@ class GroupPlan:
         if self.kind == SLIDING:
             first = max(0, (hit_blocks * block_size - self.window_tokens + 1) // block_size)
             return range(first, hit_blocks)
-        if self.kind == CHUNKED:
+        if self.kind == CHUNKED and self.window_tokens > 0:  # (no chunk recorded: all)
             chunk_start = hit_blocks * block_size // self.window_tokens * self.window_tokens
             return range(chunk_start // block_size, hit_blocks)
         if self.kind == MAMBA:
