@@ -8,9 +8,9 @@ process; in-process vLLM builds one of each in the same process. Load with
 
 Implements vLLM's `SupportsHMA`, so vLLM keeps its hybrid KV cache manager on: every
 stored KV cache group (full attention, MLA, sliding window, chunked local attention,
-Mamba "align" state) has
-its own namespace and worker side (`connector.group_workers`); the scheduler side looks
-up the longest prefix every group can serve (`hf3fsctl.kv_groups`).
+Mamba "align" state) has its own namespace and worker side (`connector.group_workers`);
+the scheduler side looks up the longest prefix every group can serve
+(`hf3fsctl.kv_groups`).
 
 Start-up checks: the configuration (`kv_connector_extra_config`) must load, every
 transferable KV cache group must be one the connector stores (`namespace.kv_groups`:
