@@ -68,7 +68,7 @@ from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import TYPE_CHECKING, Any
 
 from hf3fsctl.config import Config
-from hf3fsctl.errors import MetadataUnavailable
+from hf3fsctl.errors import Hf3fsctlError, MetadataUnavailable
 from hf3fsctl.health import ConnectorHealth
 from hf3fsctl.keys import NamespaceManifest, block_keys
 from hf3fsctl.kv_groups import CHUNKED, FULL, MAMBA, SLIDING, GroupPlan, longest_hit
@@ -381,6 +381,11 @@ class SchedulerSide:
             hits = 0
         except MetadataUnavailable as exc:
             logger.warning("lookup failed (%s): served as a miss", exc)
+            self.stats.add(misses=1)
+            hits = 0
+        except Hf3fsctlError as exc:  # typed: one line, and none when the guard logged it
+            level = logging.DEBUG if not self.guard.available() else logging.WARNING
+            logger.log(level, "lookup failed (%s): served as a miss", exc)
             self.stats.add(misses=1)
             hits = 0
         except Exception:

@@ -6,7 +6,11 @@ Contract (docs/design.md decision 7):
       `metadata.retry_backoff_s`; while it is down `call` raises `ServiceDown` at once,
       without touching the network, so callers serve misses and skip saves.
     * Opening the client is itself a call: a service that cannot be reached at start-up
-      is retried after the backoff instead of failing the engine.
+      is retried after the backoff instead of failing the engine. A typed failure to open
+      (`StorageError`: an embedded DB on a read-only or missing mount) marks it down too,
+      and is raised as it is, so callers that disable themselves on it still can.
+    * An outage is logged once, when it begins, and its end once, at the first call that
+      succeeds after it; the retries in between are silent.
     * Non-idempotent calls are never retried here.
 """
 
@@ -43,6 +47,7 @@ class MetadataGuard:
         self._client: MetadataClient | None = None
         self._lock = threading.Lock()
         self._down_until = 0.0
+        self._outage = False  # a failure was logged and no call has succeeded since
         self.url = config.metadata_target.url  # for messages: a password shows as ***
 
     @property
@@ -62,9 +67,10 @@ class MetadataGuard:
     def mark_down(self, reason: object) -> None:
         """Serve misses for `retry_backoff_s` (logs once per outage)."""
         with self._lock:
-            was_up = time.monotonic() >= self._down_until
+            began = not self._outage
+            self._outage = True
             self._down_until = time.monotonic() + self.backoff_s
-        if was_up:
+        if began:
             logger.warning(
                 "metadata service %s unavailable (%s): serving misses, retrying in %.1f s",
                 self.url,
@@ -98,7 +104,12 @@ class MetadataGuard:
         if not self.available():
             raise ServiceDown(f"metadata service {self.url} is marked down")
         try:
-            return fn(self.client())
+            client = self.client()
+        except Hf3fsctlError as exc:  # MetadataUnavailable, or e.g. a read-only DB
+            self.mark_down(exc)
+            raise
+        try:
+            result = fn(client)
         except ServiceDown:
             raise
         except MetadataUnavailable as exc:
@@ -107,6 +118,15 @@ class MetadataGuard:
         except OSError as exc:  # a client that let a socket/file error through
             self.mark_down(exc)
             raise MetadataUnavailable(f"metadata call failed: {exc}") from exc
+        if self._outage:
+            self._recovered()
+        return result
+
+    def _recovered(self) -> None:
+        with self._lock:
+            ended, self._outage = self._outage, False
+        if ended:
+            logger.info("metadata service %s is back", self.url)
 
     def close(self) -> None:
         """Close the client, if open."""
