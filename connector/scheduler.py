@@ -68,7 +68,7 @@ from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import TYPE_CHECKING, Any
 
 from hf3fsctl.config import Config
-from hf3fsctl.errors import Hf3fsctlError, MetadataUnavailable
+from hf3fsctl.errors import Hf3fsctlError
 from hf3fsctl.health import ConnectorHealth
 from hf3fsctl.keys import NamespaceManifest, block_keys
 from hf3fsctl.kv_groups import CHUNKED, FULL, MAMBA, SLIDING, GroupPlan, longest_hit
@@ -77,7 +77,7 @@ from hf3fsctl.meta.protocol import PreparesLookups
 from .events import StoreEvents, block_payloads
 from .metadata import Hf3fsctlConnectorMetadata, LoadJob, RequestState, SaveJob
 from .request_params import admitted_upto, decide, parse_request_params, pin_saved, save_terms
-from .service import MetadataGuard, ServiceDown
+from .service import MetadataGuard
 from .stats import StatsRecorder
 
 if TYPE_CHECKING:
@@ -376,14 +376,7 @@ class SchedulerSide:
             return True
         try:
             hits, state.admitted_upto = future.result()
-        except ServiceDown:
-            self.stats.add(misses=1)
-            hits = 0
-        except MetadataUnavailable as exc:
-            logger.warning("lookup failed (%s): served as a miss", exc)
-            self.stats.add(misses=1)
-            hits = 0
-        except Hf3fsctlError as exc:  # typed: one line, and none when the guard logged it
+        except Hf3fsctlError as exc:  # typed: one line; none while the guard has the outage
             level = logging.DEBUG if not self.guard.available() else logging.WARNING
             logger.log(level, "lookup failed (%s): served as a miss", exc)
             self.stats.add(misses=1)
@@ -638,3 +631,4 @@ class SchedulerSide:
         for events in self.group_events.values():
             events.close()
         self.guard.close()
+        self.health.retire()

@@ -136,9 +136,22 @@ class ConnectorHealth:
             self._write()
 
     def retire(self) -> None:
-        """At shutdown: a healthy connector's file goes; a troubled one's stays for `doctor`."""
-        if self._record and self.state == OK:
-            self._path.unlink(missing_ok=True)
+        """At shutdown: a healthy connector's file goes; a troubled one's stays for `doctor`.
+
+        A healthy one also removes the files its exited predecessors (same store,
+        namespace, role and rank) left troubled: it ran well after them, so what they
+        reported is over and `doctor` would otherwise warn of it for good.
+        """
+        if not (self._record and self.state == OK):
+            return
+        self._path.unlink(missing_ok=True)
+        mine = {k: self._identity[k] for k in ("namespace", "role", "rank", "storage_path")}
+        for record in read_status(self._path.parent):
+            if not record["alive"] and all(record.get(k) == v for k, v in mine.items()):
+                try:
+                    Path(record["file"]).unlink(missing_ok=True)
+                except OSError as exc:  # visibility only: never a reason to fail
+                    logger.debug("cannot remove connector status %s: %s", record["file"], exc)
 
     def snapshot(self) -> HealthRecord:
         """The current state as a record."""

@@ -317,29 +317,55 @@ def check_writers(report: Report, client: MetadataClient) -> None:
         )
 
 
-def check_connectors(report: Report) -> None:
-    """Connectors of this node that are disabled or degraded (their status files)."""
+def check_connectors(report: Report, cfg: Config | None = None) -> None:
+    """Connectors of this node that are disabled or degraded (their status files).
+
+    With a config, only this store's connectors are reported (other stores' are counted).
+    A connector that exited troubled keeps its file, so its reason outlives it; it is
+    reported until a later connector of the same store, namespace, role and rank has
+    written one (the engine was restarted: the newer file says how that one is doing).
+    """
     import time
 
     from hf3fsctl.health import read_status, state_dir
 
     records = read_status()
-    running = [r for r in records if r["alive"]]
-    troubled = [r for r in records if r["state"] != "ok"]
     if not records:
         report.add("connectors", "skip", f"no connector status files in {state_dir()}")
         return
+    others = 0
+    if cfg is not None:
+        store = os.path.realpath(cfg.storage.path)
+        mine = [r for r in records if os.path.realpath(str(r.get("storage_path", ""))) == store]
+        others = len(records) - len(mine)
+        records = mine
+    newest: dict[tuple[object, ...], float] = {}
+    for record in records:
+        identity = (record.get("namespace"), record["role"], record["rank"])
+        newest[identity] = max(newest.get(identity, 0.0), float(record.get("updated", 0)))
+    running = [r for r in records if r["alive"]]
     healthy = sum(1 for r in running if r["state"] == "ok")
-    report.add("connectors", "ok", f"{len(running)} running here, {healthy} healthy")
-    for record in troubled:
+    elsewhere = f" ({others} of other stores not shown)" if others else ""
+    report.add("connectors", "ok", f"{len(running)} running here, {healthy} healthy{elsewhere}")
+    for record in records:
+        if record["state"] == "ok":
+            continue
         who = f"{record['role']} rank {record['rank']} (pid {record['pid']})"
-        age = time.time() - float(record.get("since", 0))
+        now = time.time()
         if record["alive"]:
             status = "fail" if record["state"] == "disabled" else "warn"
+            age = now - float(record.get("since", 0))
             detail = f"{who} {record['state']} for {age:.0f}s: {record['reason']}"
         else:
+            identity = (record.get("namespace"), record["role"], record["rank"])
+            if newest[identity] > float(record.get("updated", 0)):
+                continue  # restarted since: the newer connector's file is the one to read
             status = "warn"
-            detail = f"{who}, now exited, was {record['state']}: {record['reason']}"
+            ago = now - float(record.get("updated", 0))
+            detail = (
+                f"{who}, exited (last seen {ago:.0f}s ago), was {record['state']}: "
+                f"{record['reason']}"
+            )
         report.add(f"connector.{record['pid']}.{record['role']}", status, detail, record["fix"])
 
 
@@ -452,7 +478,7 @@ def doctor(
                             )
             finally:
                 client.close()
-    check_connectors(report)
+    check_connectors(report, cfg)
     check_staging(report)
     if json:
         output.print_json(report.to_dict())

@@ -150,6 +150,27 @@ def test_doctor_says_the_store_is_read_only_and_how_to_fix_it(read_only_store: S
     assert "read-only" in writable["detail"] and "remount" in writable["fix"]
 
 
+def test_a_store_on_a_full_file_system_says_so(tmp_path: Path) -> None:
+    """SQLite names an ENOSPC "disk I/O error" on some file systems (btrfs), "database or
+    disk is full" on others; the store says which it is, the same on every one."""
+    mount = tmp_path / "mnt"
+    mount.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(mount)]).returncode:
+        pytest.skip("mounting a tmpfs needs root (CAP_SYS_ADMIN)")
+    try:
+        store = make_store(mount)
+        fill(store, make_keys(3))
+        with open(mount / "filler", "wb") as filler, pytest.raises(OSError):
+            while True:
+                filler.write(bytes(1 << 20))
+                filler.flush()
+        with pytest.raises(MetadataUnavailable, match="no space left on its file system"):
+            for batch in range(64):  # until a write needs a page the WAL does not have
+                fill(store, [f"{batch:04x}{i:028x}" for i in range(256)])
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
 # --- 3. a key `ls` prints is accepted by pin ------------------------------------------
 
 

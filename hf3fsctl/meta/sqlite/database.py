@@ -72,6 +72,21 @@ def _read_only_error(path: str) -> StorageError:
     )
 
 
+def _unwritable_error(path: str, exc: sqlite3.Error) -> MetadataUnavailable:
+    """SQLITE_FULL or SQLITE_IOERR, naming a full file system as such: SQLite reports a
+    write that failed with ENOSPC as "disk I/O error" on some file systems (btrfs)."""
+    try:
+        st = os.statvfs(os.path.dirname(os.path.abspath(path)))
+        full = st.f_bavail * st.f_frsize < 1 << 20
+    except OSError:
+        full = False
+    reason = "no space left on its file system" if full else str(exc)
+    return MetadataUnavailable(
+        f"metadata store {path} cannot be written: {reason}",
+        hint="free space on its file system, or check that it is writable",
+    )
+
+
 def _open_writer_lock(path: str) -> WriterLock:
     """The writer lock of a store to be written (its directory made if missing).
 
@@ -301,10 +316,7 @@ class SqliteDatabase:
             if code in (sqlite3.SQLITE_READONLY, sqlite3.SQLITE_CANTOPEN):
                 raise _read_only_error(self.path) from None
             if code in (sqlite3.SQLITE_FULL, sqlite3.SQLITE_IOERR):
-                raise MetadataUnavailable(
-                    f"metadata store {self.path} cannot be written: {exc}",
-                    hint="free space on its file system, or check that it is writable",
-                ) from None
+                raise _unwritable_error(self.path, exc) from None
             raise
 
     @contextmanager
