@@ -25,7 +25,8 @@ Hooks for tests and benchmarks (in-process vLLM, `VLLM_ENABLE_V1_MULTIPROCESSING
 - `hf3fsctl_connector.process_totals() -> dict`: cumulative counters of every
   connector side in this process (`hit_blocks`, `hit_tokens`, `blocks_loaded`,
   `bytes_loaded`, `blocks_saved`, `bytes_saved`, `save_existing`, `save_dropped`,
-  `misses`, `lookups`, `failed_<kind>` for kinds not_found, io, checksum, timeout,
+  `misses`, `lookups`, `failed_<kind>` for kinds not_found (a load's key, or a
+  save's namespace the store no longer knows: registered again), io, checksum, timeout,
   pool_exhausted, reused, metadata_down, no_space, disabled, paused, error;
   `failed_blocks`, `load_gbps`, `save_gbps`). Never reset. Same as `hf3fsctl_connector.stats.process_totals()`.
 - `hf3fsctl_connector.wait_for_saves(timeout_s) -> bool`: block until no save is in

@@ -180,6 +180,8 @@ class Hf3fsctlOffloadTier(SecondaryTierManager):
             renew_on_read=retention.default is not None and retention.renew_on_read,
         )
         ok = all(kind in (SAVED, EXISTING) for kind in outcome.kinds)
+        if outcome.unregistered:  # the store's metadata was reset: register with the next
+            self.store.forget_registration()
         if not ok:
             logger.info(
                 "hf3fsctl offload tier: store of %d chunks: %s", len(keys), outcome.failures()

@@ -212,6 +212,23 @@ class TierStore:
             )
             return self.tier
 
+    def forget_registration(self) -> None:
+        """The store no longer knows the namespace (its metadata was reset, or the
+        namespace removed): the next job registers it again, with a new page file if the
+        old one went with it."""
+        with self._lock:
+            if not self._registered:
+                return
+            self._registered = False
+            file = self.page_file
+            if file is not None and not (Path(self.config.storage.path) / file.relpath).exists():
+                self.page_file = None
+        logger.warning(
+            "hf3fsctl offload tier: namespace %s is no longer registered in the store: "
+            "registering it again",
+            self.namespace,
+        )
+
     def present(self, keys: Sequence[str]) -> list[bool]:
         """Whether each key is committed (prefix lookups, restarted after each miss).
 

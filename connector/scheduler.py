@@ -159,6 +159,7 @@ class SchedulerSide:
             role="scheduler", rank=0, namespace=self.namespace, storage_path=config.storage.path
         )
         self._storage_checked_at = -1e9  # monotonic time of the last storage check
+        self._lookup_failing = False  # a typed lookup failure was logged, none succeeded since
         # What is left of this scheduler step's `lookup_wait_ms` (reset per step).
         self._wait_s = config.connector.lookup_wait_ms / 1000.0
         self._step_wait_left = self._wait_s
@@ -376,9 +377,15 @@ class SchedulerSide:
             return True
         try:
             hits, state.admitted_upto = future.result()
-        except Hf3fsctlError as exc:  # typed: one line; none while the guard has the outage
-            level = logging.DEBUG if not self.guard.available() else logging.WARNING
-            logger.log(level, "lookup failed (%s): served as a miss", exc)
+        except Hf3fsctlError as exc:  # typed: one line until a lookup succeeds again (none
+            # while the guard has the outage, which it logged: a down or unopenable store)
+            quiet = self._lookup_failing or not self.guard.available()
+            self._lookup_failing = True
+            logger.log(
+                logging.DEBUG if quiet else logging.WARNING,
+                "lookup failed (%s): served as a miss",
+                exc,
+            )
             self.stats.add(misses=1)
             hits = 0
         except Exception:
@@ -387,6 +394,7 @@ class SchedulerSide:
             hits = 0
         else:
             self.stats.add(lookups=1)
+            self._lookup_failing = False
         state.hit_blocks = int(hits)
         state.stored_upto = max(state.stored_upto, state.hit_blocks)
         if state.params.pin and state.hit_blocks:

@@ -502,6 +502,8 @@ class WorkerSide(WorkerStorage):
                 tier = self.tier  # after registration, which may reopen the page file
                 assert tier is not None
                 outcomes = list(run_saves(tier, jobs, staged, self.stats))
+                if any(o is not None and o.unregistered for o in outcomes):
+                    self.forget_registration()
         except Exception:
             logger.exception("saves of %d jobs failed", len(jobs))
             for job in jobs:

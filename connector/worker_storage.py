@@ -179,8 +179,8 @@ class WorkerStorage:
         """
         if self._registered:
             return True
-        if self.page_file is None:
-            return False
+        if self.page_file is None and (self.disabled is not None or not self._open_storage()):
+            return False  # storage is being retried; or a page file removed with its namespace
         with self._register_lock:
             if self._registered:
                 return True
@@ -223,6 +223,25 @@ class WorkerStorage:
                 self.health.recover()
             self.health.publish()
             return True
+
+    def forget_registration(self) -> None:
+        """The store no longer knows this namespace or rank: its metadata was reset (a
+        Redis restarted without persistence) or the namespace was removed while this
+        engine ran. The next save registers both again, with a new page file if the old
+        one went with the namespace (logged once per loss)."""
+        with self._register_lock:
+            if not self._registered:
+                return
+            self._registered = False
+            file = self.page_file
+            if file is not None and not (Path(self.config.storage.path) / file.relpath).exists():
+                self.page_file = None  # loads still reading it keep their handle
+        logger.warning(
+            "namespace %s rank %d is no longer registered in the store (its metadata was "
+            "reset or the namespace removed): registering it again with the next save",
+            self.namespace,
+            self.rank,
+        )
 
     def _rank_file(self) -> RankFile:
         file = self.page_file

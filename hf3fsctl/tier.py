@@ -60,7 +60,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol, TypeVar, cast
 
-from hf3fsctl.errors import Hf3fsctlError, InvalidRequest, MetadataUnavailable, StorageError
+from hf3fsctl.errors import (
+    Hf3fsctlError,
+    InvalidRequest,
+    MetadataUnavailable,
+    NotFound,
+    StorageError,
+)
 from hf3fsctl.meta.models import Allocation, CommitItem, Location, PageGrant, PageLocation
 from hf3fsctl.meta.protocol import LocatesPages, SavesPages
 from hf3fsctl.storage.engine import (
@@ -88,7 +94,7 @@ NO_SPACE = "no_space"  # the store or the file system had no room
 REUSED = "reused"  # its source bytes were given to other data before the write ended
 # Per-key outcomes of a load.
 LOADED = "loaded"  # read, verified and delivered
-NOT_FOUND = "not_found"  # not committed on this rank
+NOT_FOUND = "not_found"  # not committed on this rank (a save: the namespace is unknown)
 SIZE = "size"  # stored with another page size: never read
 CHECKSUM = "checksum"  # the bytes read do not match the recorded checksum, or end early
 CANCELLED = "cancelled"  # the load was cancelled before it delivered
@@ -132,6 +138,9 @@ class SaveOutcome:
     committed: int = 0  # pages the store committed (fewer than SAVED if it reclaimed some)
     storage_failure: StorageFailure | None = None  # the file system failed (back off)
     storage_worked: bool = False  # pages reached the store with no storage failure
+    # The store does not know this namespace or rank (its metadata was reset, or the
+    # namespace removed): every key is `not_found`; the owner registers again.
+    unregistered: bool = False
 
     def count(self, kind: str) -> int:
         """Keys with outcome `kind`."""
@@ -514,6 +523,8 @@ class Tier:
             )
         except MetadataUnavailable:
             return SaveOutcome([METADATA_DOWN] * len(keys))
+        except NotFound:  # the caller says so once, and registers again
+            return SaveOutcome([NOT_FOUND] * len(keys), unregistered=True)
         except Hf3fsctlError as exc:
             logger.warning("allocating %d pages of %s failed: %s", len(keys), self._where(), exc)
             return SaveOutcome([ERROR] * len(keys))
@@ -743,7 +754,9 @@ def _split(flat: SaveOutcome, batches: Sequence[SaveBatch]) -> list[SaveOutcome]
             elif kinds[i] == SAVED:
                 saved.add(key)
         seen.update(batch.keys)
-        outcome = SaveOutcome(kinds, min(len(saved), committed), None, flat.storage_worked)
+        outcome = SaveOutcome(
+            kinds, min(len(saved), committed), None, flat.storage_worked, flat.unregistered
+        )
         committed -= outcome.committed
         if failure is not None and (failed := kinds.count(failure.kind)):
             outcome.storage_failure = StorageFailure(failure.kind, failed, failure.reason)
