@@ -71,11 +71,13 @@ class MetadataGuard:
             self._outage = True
             self._down_until = time.monotonic() + self.backoff_s
         if began:
+            hint = getattr(reason, "hint", None)  # an Hf3fsctlError's fix, when it has one
             logger.warning(
-                "metadata service %s unavailable (%s): serving misses, retrying in %.1f s",
+                "metadata service %s unavailable (%s): serving misses, retrying in %.1f s%s",
                 self.url,
                 reason,
                 self.backoff_s,
+                f"; fix: {hint}" if hint else "",
             )
 
     def client(self) -> MetadataClient:

@@ -171,6 +171,52 @@ def test_a_store_on_a_full_file_system_says_so(tmp_path: Path) -> None:
         subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
+@pytest.fixture
+def damaged_store(tmp_path: Path) -> Store:
+    """A filled store whose metadata DB then had every page but the first overwritten."""
+    store = make_store(tmp_path)
+    fill(store, make_keys(40))
+    db = store.root / "metadata.db"
+    from hf3fsctl.meta.client import connect
+
+    connect(store.config()).close()  # checkpointed: the rows are in the file itself
+    for side in ("-wal", "-shm"):
+        Path(f"{db}{side}").unlink(missing_ok=True)
+    size = db.stat().st_size
+    assert size > 8192
+    with open(db, "r+b") as handle:
+        handle.seek(4096)
+        handle.write(os.urandom(size - 4096))
+    return store
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["stats"],
+        ["ls"],
+        ["vllm-config"],
+        ["evict", "--all", "--yes"],
+        ["pin", "0123456789abcdef", "--key", "k"],
+    ],
+)
+def test_a_damaged_metadata_db_is_one_line_with_the_fix(
+    damaged_store: Store, args: list[str]
+) -> None:
+    result = cli(damaged_store, *args)
+    assert result.exit_code == MetadataUnavailable.exit_code, result.output
+    assert one_line_error(result.stderr), result.stderr
+    assert "damaged" in result.stderr and "backup" in result.stderr
+
+
+def test_doctor_says_the_metadata_db_is_damaged(damaged_store: Store) -> None:
+    result = cli(damaged_store, "doctor", "--json")
+    checks = {c["name"]: c for c in json.loads(result.stdout)["checks"]}
+    assert checks["metadata.reachable"]["status"] == "fail"
+    assert "damaged" in checks["metadata.reachable"]["detail"]
+    assert "hf3fsctl init" in checks["metadata.reachable"]["fix"]
+
+
 # --- 3. a key `ls` prints is accepted by pin ------------------------------------------
 
 

@@ -87,6 +87,15 @@ def _unwritable_error(path: str, exc: sqlite3.Error) -> MetadataUnavailable:
     )
 
 
+def _corrupt_error(path: str, exc: sqlite3.Error) -> MetadataUnavailable:
+    return MetadataUnavailable(
+        f"metadata store {path} is damaged ({exc})",
+        hint="restore a backup over it (`hf3fsctl backup` takes one of a sound store), or "
+        "move it aside and run `hf3fsctl init` again (the cache starts empty; vLLM serves "
+        "misses meanwhile)",
+    )
+
+
 def _open_writer_lock(path: str) -> WriterLock:
     """The writer lock of a store to be written (its directory made if missing).
 
@@ -187,7 +196,8 @@ class SqliteDatabase:
         self._pending = _PendingCounts()
         self._checkpointer: WalCheckpointer | None = None
         try:
-            self._init_schema()
+            with self._unavailable_on_busy():
+                self._init_schema()
         except BaseException:  # e.g. a store of another format: leave nothing open
             self._close_connections()
             raise
@@ -305,10 +315,15 @@ class SqliteDatabase:
 
     @contextmanager
     def _unavailable_on_busy(self) -> Iterator[None]:
+        """SQLite's errors a caller can act on, typed: busy, read-only, full, corrupt."""
         try:
             yield
-        except sqlite3.OperationalError as exc:
+        except sqlite3.DatabaseError as exc:  # OperationalError, and corruption's own
             code = (getattr(exc, "sqlite_errorcode", None) or 0) & 0xFF  # the primary code
+            if code in (sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB):
+                raise _corrupt_error(self.path, exc) from None
+            if not isinstance(exc, sqlite3.OperationalError):
+                raise
             if code in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED):
                 raise MetadataUnavailable(
                     f"metadata store {self.path} stayed busy for {self.busy_timeout_s:g}s"
