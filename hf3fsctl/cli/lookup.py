@@ -64,7 +64,9 @@ def lookup(
         "tensor_parallel_size": None if tensor_parallel_size == 1 else tensor_parallel_size,
     }
     query = engine_options(model, resolve_engine_args(cfg.vllm, None, flags)).query()
-    with context.open_client(cfg) as client:
+    # Reads only (as `stats` and `ls`): works on a read-only mount, and an operator's
+    # question is not counted among the engines' lookups.
+    with context.open_client(cfg, read_only=True) as client:
         try:
             info = resolve_namespace(client.namespaces(), query, namespace)
         except AmbiguousNamespace as exc:

@@ -136,6 +136,15 @@ def test_ls_reads_a_store_on_a_read_only_mount(read_only_store: Store) -> None:
     assert len(cli_json(read_only_store, "ls")["entries"]) == 6  # 3 keys x 2 ranks
 
 
+def test_lookup_reads_a_store_on_a_read_only_mount(
+    read_only_store: Store, tiny_model_dir: Path
+) -> None:
+    result = cli(read_only_store, "lookup", "--model", str(tiny_model_dir), "-p", "a b c")
+    assert result.exit_code == 0, result.output
+    document = cli_json(read_only_store, "lookup", "--model", str(tiny_model_dir), "-p", "a b c")
+    assert document["totals"]["prompts"] == 1
+
+
 def test_evict_on_a_read_only_mount_is_one_line_storage_error(read_only_store: Store) -> None:
     result = cli(read_only_store, "evict", "--all", "--yes")
     assert result.exit_code == StorageError.exit_code
