@@ -519,18 +519,46 @@ def _next_steps(cfg: Config, config_file: Path | None) -> None:
     environment that names it (a bare command would check the packaged defaults)."""
     import shlex
 
+    from hf3fsctl.config import load_config
+
+    found: Config | None = None  # what a config file found (not written now) says alone
     if config_file is not None:
-        run = f"hf3fsctl --config {shlex.quote(str(config_file))}"
+        try:
+            found = load_config(config_file)
+        except Exception:  # unreadable now: the environment names every setting
+            found = None
+    default_db = context.sqlite_path(cfg.metadata_target) == Path(cfg.storage.path) / "metadata.db"
+    settings = [  # (variable, value here, value the found file gives, given by default)
+        ("HF3FSCTL_STORAGE_PATH", cfg.storage.path, found and found.storage.path, False),
+        ("HF3FSCTL_METADATA_URL", cfg.metadata_url, found and found.metadata_url, default_db),
+        (
+            "HF3FSCTL_METADATA_TOKEN_FILE",
+            cfg.metadata.token_file,
+            found and found.metadata.token_file,
+            not cfg.metadata.token_file,
+        ),
+    ]
+    if config_file is None:
+        env = [f"{var}={shlex.quote(str(v))}" for var, v, _, default in settings if not default]
     else:
-        env = [f"HF3FSCTL_STORAGE_PATH={shlex.quote(cfg.storage.path)}"]
-        if context.sqlite_path(cfg.metadata_target) != Path(cfg.storage.path) / "metadata.db":
-            env.append(f"HF3FSCTL_METADATA_URL={shlex.quote(cfg.metadata_url)}")
-        if cfg.metadata.token_file:
-            env.append(f"HF3FSCTL_METADATA_TOKEN_FILE={shlex.quote(cfg.metadata.token_file)}")
-        run = " ".join([*env, "hf3fsctl"])
+        env = [
+            f"{var}={shlex.quote(str(v))}"
+            for var, v, in_file, _ in settings
+            if (found is None or v != in_file) and v
+        ]
+    other_store = config_file is not None and bool(env)
+    run = " ".join(
+        [*env, "hf3fsctl"]
+        + ([f"--config {shlex.quote(str(config_file))}"] if config_file is not None else [])
+    )
     output.line("next:", style="bold")
     if config_file is None:
         output.line("  (no config file written: pass --write-config PATH to keep these settings)")
+    elif other_store:
+        output.line(
+            f"  ({config_file} names another store: the settings given here are not in it; "
+            "pass --write-config PATH to keep them)"
+        )
     if cfg.metadata_target.scheme in ("http", "https"):
         from urllib.parse import urlsplit
 

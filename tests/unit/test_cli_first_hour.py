@@ -310,6 +310,39 @@ def test_init_without_a_config_file_suggests_doctor_for_this_store(tmp_path: Pat
     assert f"HF3FSCTL_STORAGE_PATH={root}" in doctor
 
 
+@pytest.mark.parametrize("flag", ["--storage-path", "--metadata-url"])
+def test_init_over_a_config_of_another_store_suggests_commands_for_this_one(
+    tmp_path: Path, flag: str
+) -> None:
+    """`init --config A.yaml --storage-path B` (no --write-config) used to suggest
+    `hf3fsctl --config A.yaml doctor`, which checks A."""
+    import shlex
+
+    first = tmp_path / "first"
+    config = tmp_path / "a.yaml"
+    made = invoke(
+        "init", "--storage-path", str(first), "--create-path", "--write-config", str(config)
+    )
+    assert made.exit_code == 0, made.output
+    other = tmp_path / "second"
+    value = str(other) if flag == "--storage-path" else f"sqlite:///{tmp_path / 'm2.db'}"
+    args = ["--config", str(config), "init", flag, value, "--create-path"]
+    result = invoke(*args, env=WIDE)
+    assert result.exit_code == 0, result.output
+    line = next(line for line in result.stdout.splitlines() if line.endswith(" doctor"))
+    words = shlex.split(line)
+    env = dict(w.split("=", 1) for w in words if "=" in w and w.startswith("HF3FSCTL_"))
+    command = [w for w in words if w not in {f"{k}={v}" for k, v in env.items()}]
+    assert command[0] == "hf3fsctl" and command[-1] == "doctor"
+    shown = invoke(*command[1:-1], "stats", "--json", env=env)  # as suggested, but stats
+    assert shown.exit_code == 0, shown.output
+    document = json.loads(shown.stdout)
+    if flag == "--storage-path":
+        assert document["storage"]["path"] == str(other)
+    else:
+        assert document["metadata_url"].endswith(str(tmp_path / "m2.db"))
+
+
 # --- 5. a missing path is never silently the root disk --------------------------------
 
 
