@@ -29,7 +29,14 @@ import time
 from pathlib import Path
 
 from hf3fsctl.config import Config
-from hf3fsctl.errors import Hf3fsctlError, NamespaceConflict, StorageError, StoreFormatError
+from hf3fsctl.errors import (
+    AuthError,
+    Hf3fsctlError,
+    MetadataUnavailable,
+    NamespaceConflict,
+    StorageError,
+    StoreFormatError,
+)
 from hf3fsctl.health import ConnectorHealth
 from hf3fsctl.keys import NamespaceManifest
 from hf3fsctl.meta.models import RankFile
@@ -207,6 +214,12 @@ class WorkerStorage:
                 return False
             except StoreFormatError as exc:  # newer store, or an older one not migrated
                 self._disable(exc.message, f"{exc.hint}; the connector retries by itself")
+                return False
+            except AuthError as exc:  # a configuration error the service reports
+                self._disable(exc.message, f"{exc.hint}; the connector retries by itself")
+                return False
+            except MetadataUnavailable as exc:  # down: the guard logged the outage once
+                logger.debug("registering rank %d deferred: %s", self.rank, exc)
                 return False
             except Hf3fsctlError as exc:
                 logger.warning("registering rank %d deferred: %s", self.rank, exc)

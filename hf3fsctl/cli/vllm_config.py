@@ -62,6 +62,7 @@ def check_store(cfg: Config) -> None:
         ConfigError: no config file and no `HF3FSCTL_*` setting: only the defaults.
         NotFound: the storage root or the embedded database does not exist.
         MetadataUnavailable: the metadata service or Redis does not answer.
+        AuthError: it refuses this configuration's token or password.
     """
     from hf3fsctl.config import env_overrides
 
@@ -81,7 +82,9 @@ def check_store(cfg: Config) -> None:
             f"--storage-path {root} --create-path`; --no-check prints it anyway",
         )
     with context.open_client(cfg, read_only=True) as client:
-        client.health()
+        client.health()  # answers (a service's /healthz needs no token)
+        if not client.url.startswith("sqlite:"):
+            client.namespaces()  # and takes this config's credentials: AuthError if not
 
 
 ROLES = {"producer": "kv_producer", "consumer": "kv_consumer", "both": "kv_both"}

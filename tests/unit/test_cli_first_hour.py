@@ -33,6 +33,7 @@ from hf3fsctl.cli.main import app
 from hf3fsctl.config import load_config
 from hf3fsctl.errors import (
     AddressInUse,
+    AuthError,
     ConfigError,
     InvalidRequest,
     MetadataUnavailable,
@@ -254,6 +255,24 @@ def test_pin_over_a_server_accepts_the_key_ls_shows(
     fill(node, [key])
     document = cli_json(node, "pin", node.namespace, "--key", shown_keys(node)[0])
     assert document["keys"] == [key]
+
+
+@pytest.mark.integration
+def test_vllm_config_refuses_a_token_the_service_does_not_take(
+    tmp_path: Path, metadata_server: ServerProcess
+) -> None:
+    """`/healthz` needs no token, so a health check alone passed a wrong one, and vLLM
+    then served misses for good."""
+    node = make_store(
+        tmp_path / "node", metadata_url=metadata_server.url, token_file=metadata_server.token_file
+    )
+    assert cli(node, "vllm-config").exit_code == 0
+    wrong = tmp_path / "wrong-token"
+    wrong.write_text("not-the-token\n")
+    wrong.chmod(0o600)
+    result = cli(node, "vllm-config", env={"HF3FSCTL_METADATA_TOKEN_FILE": str(wrong)})
+    assert result.exit_code == AuthError.exit_code, result.output
+    assert one_line_error(result.stderr) and "token" in result.stderr
 
 
 def test_pin_refuses_a_shortened_key_that_matches_no_stored_key(store: Store) -> None:

@@ -123,3 +123,37 @@ def test_requests_on_a_read_only_store_are_misses_with_no_traceback(
     assert read_only, [r.getMessage() for r in ours]  # said, with the path
     lookup_lines = [m for m in read_only if "lookup failed" in m or "unavailable" in m]
     assert len(lookup_lines) <= 1, lookup_lines
+
+
+@pytest.mark.integration
+def test_a_token_the_service_refuses_disables_the_worker_with_the_fix(
+    tiny_model_dir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A configuration error the service reports: the worker is disabled, logged once
+    with the fix (and recorded for `doctor`), the scheduler's lookups are misses with
+    one line, and no request fails."""
+    from helpers.servers import TOKEN, start_server
+
+    server = start_server(tmp_path / "server", token=TOKEN)
+    wrong = tmp_path / "wrong-token"
+    wrong.write_text("not-the-token\n")
+    wrong.chmod(0o600)
+    extra = {"metadata.url": server.url, "metadata.token_file": str(wrong)}
+    caplog.set_level(logging.INFO)
+    harness: Harness | None = None
+    try:
+        harness = make_harness(tiny_model_dir, tmp_path / "store", extra=extra)
+        requests = [make_request(f"r{i}", PROMPT, max_tokens=2) for i in range(3)]
+        harness.run(*requests)
+        assert hf3fsctl_connector.wait_for_saves(10)
+        state = harness.worker.worker_side.health.snapshot()
+    finally:
+        if harness is not None:
+            harness.close()
+        server.stop()
+    assert all(r.is_finished() for r in requests)
+    assert state.state == "disabled" and "token" in state.reason and "token_file" in state.fix
+    ours = [r for r in caplog.records if r.name.startswith("hf3fsctl")]
+    assert not [r for r in ours if r.exc_info]
+    refused = [r.getMessage() for r in ours if "refused the token" in r.getMessage()]
+    assert 1 <= len(refused) <= 3, refused  # the worker's, the lookups' (once), the guard's
