@@ -49,7 +49,8 @@ def open_metadata_client(
 
     The store-side settings (lease, watermarks, capacity policy) apply to the stores this
     process runs (embedded SQLite, Redis); a server uses its own. `read_only` opens an
-    embedded SQLite store for reading only (no writer lock; other backends ignore it).
+    embedded SQLite store for reading only (no writer lock), and a Redis store without
+    the writes of its open (default capacity, marks left by a crash); a service ignores it.
     """
     from hf3fsctl.config.urls import MetadataUrl
 
@@ -82,6 +83,7 @@ def open_metadata_client(
             high_watermark=high_watermark,
             low_watermark=low_watermark,
             policy=policy,
+            read_only=read_only,
         )
     from hf3fsctl.meta.http.client import HttpMetadataClient
 
@@ -175,7 +177,8 @@ def open_store(
 def connect(config: Config, *, read_only: bool = False) -> MetadataClient:
     """Open the metadata client a configuration points at (reads the token file).
 
-    `read_only`: an embedded SQLite store is opened for reading only.
+    `read_only`: an embedded SQLite store is opened for reading only; a Redis store
+    writes nothing when it opens (no default capacity recorded, no marks finished).
     """
     token = metadata_token(config)
     from hf3fsctl.meta.policy import StorePolicy

@@ -458,6 +458,29 @@ def test_init_against_redis_that_is_down_does_not_say_start_serve(tmp_path: Path
     assert "Redis" in result.stderr and "hf3fsctl serve" not in result.stderr
 
 
+def test_init_on_a_new_redis_store_says_no_false_unbounded_warning(tmp_path: Path) -> None:
+    """`init --create-path` read the store before it made the root, and the store's
+    open then warned that it was unbounded, just before init recorded its capacity."""
+    missing = redis_binaries_missing()
+    if missing:
+        raise RuntimeError(f"{', '.join(missing)} not installed: run `make redis`")
+    server = redis_server(tmp_path / "redis")
+    try:
+        url = server.url
+        root = tmp_path / "store"
+        env = {"HF3FSCTL_STORAGE_PATH": str(root), "HF3FSCTL_METADATA_URL": url}
+        result = run_cli("stats", "--json", env=env)  # read-only, before init: records nothing
+        assert result.returncode == 0, result.stderr
+        assert json.loads(result.stdout)["capacity_bytes"] is None
+        made = run_cli("init", "--create-path", env=env)
+        assert made.returncode == 0, made.stderr
+        assert "unbounded" not in made.stderr + made.stdout, made.stderr
+        shown = json.loads(run_cli("stats", "--json", env=env).stdout)
+        assert shown["capacity_bytes"] and shown["capacity_bytes"] > 0
+    finally:
+        server.stop()
+
+
 # --- 8. doctor and Redis's eviction policy ---------------------------------------------
 
 

@@ -281,6 +281,7 @@ class ShardedRedisStore(StoreCore):
         pending_timeout_s: float = 120.0,
         policy: StorePolicy | None = None,
         prefix: str = PREFIX,
+        read_only: bool = False,
     ) -> None:
         if shards < 2:
             raise InvalidRequest(f"a sharded store has at least 2 shards, got {shards}")
@@ -320,6 +321,7 @@ class ShardedRedisStore(StoreCore):
                 client=self._redis,
                 lua=lua,
                 puncher=ShardPuncher(self.policy.storage_root, s, shards),
+                read_only=read_only,
             )
             for s in range(shards)
         ]
@@ -333,6 +335,8 @@ class ShardedRedisStore(StoreCore):
             self.shard_of,
         )
         try:
+            if read_only:  # an admin view: the next writable open records a capacity
+                return
             if made:  # a store made sharded just now: a capacity recorded before is the whole
                 whole = self._parts[0]._capacity_held()[0]
                 if whole is not None:

@@ -138,7 +138,9 @@ class RedisMetadataStore(StoreCore):
         client: Any | None = None,
         puncher: HolePuncher | None = None,
         lua: StoreLua | None = None,
+        read_only: bool = False,
     ) -> None:
+        self.read_only = read_only  # an admin view (`stats`, `ls`): opening writes nothing
         self._init_core(
             target.url,  # redacted: safe to log and print
             lease_s=lease_s,
@@ -208,6 +210,8 @@ class RedisMetadataStore(StoreCore):
         when the store has none and the storage root is here to size it from."""
         try:
             self._warn_if_redis_evicts()
+            if self.read_only:  # the next writable open finishes marks, records a capacity
+                return
             if self._puncher.available():
                 self._give_back(_marks(self._run("marks", [STALE_MARK_S])))
             if self.shard is not None:  # the sharded store records each shard's share
