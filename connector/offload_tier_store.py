@@ -220,9 +220,8 @@ class TierStore:
             if not self._registered:
                 return
             self._registered = False
-            file = self.page_file
-            if file is not None and not (Path(self.config.storage.path) / file.relpath).exists():
-                self.page_file = None
+            if self.page_file is not None and self.page_file.removed:
+                self.page_file = None  # re-created; loads still reading it keep their handle
         logger.warning(
             "hf3fsctl offload tier: namespace %s is no longer registered in the store: "
             "registering it again",

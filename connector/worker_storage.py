@@ -246,9 +246,8 @@ class WorkerStorage:
             if not self._registered:
                 return
             self._registered = False
-            file = self.page_file
-            if file is not None and not (Path(self.config.storage.path) / file.relpath).exists():
-                self.page_file = None  # loads still reading it keep their handle
+            if self.page_file is not None and self.page_file.removed:
+                self.page_file = None  # re-created; loads still reading it keep their handle
         logger.warning(
             "namespace %s rank %d is no longer registered in the store (its metadata was "
             "reset or the namespace removed): registering it again with the next save",

@@ -485,6 +485,16 @@ class PageFile:
         """Flush written pages to stable storage (`fdatasync`)."""
         os.fdatasync(self.fd)
 
+    @property
+    def removed(self) -> bool:
+        """Whether its path no longer names this open file (unlinked or replaced: its
+        namespace was removed while it was open)."""
+        try:
+            here, there = os.fstat(self.fd), os.stat(self.path)
+        except OSError:
+            return True
+        return (here.st_dev, here.st_ino) != (there.st_dev, there.st_ino)
+
     def close(self) -> None:
         """Close the file's descriptors (idempotent)."""
         with self._lock:

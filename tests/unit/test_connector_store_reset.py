@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import hf3fsctl_connector
@@ -38,14 +38,6 @@ def _loaded_blocks(harness: Harness, prompt: list[int], tag: str) -> int:
 def _saved(harness: Harness, prompt: list[int], tag: str) -> None:
     harness.run(make_request(tag, prompt, max_tokens=1))
     assert hf3fsctl_connector.wait_for_saves(10)
-
-
-@pytest.fixture
-def harnesses() -> Iterator[list[Harness]]:
-    made: list[Harness] = []
-    yield made
-    for harness in made:
-        harness.close()
 
 
 def _redis_restart(tmp_path: Path) -> tuple[dict[str, str], Callable[[], None], Callable[[], None]]:

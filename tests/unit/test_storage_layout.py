@@ -227,3 +227,15 @@ def test_opening_an_existing_file_still_reports_progress_complete(tmp_path: Path
         tmp_path, NS, 0, 4096, 1 << 20, progress=lambda d, t: calls.append((d, t))
     ).close()
     assert calls == [(1 << 20, 1 << 20)]
+
+
+def test_a_page_file_knows_when_its_path_no_longer_names_it(tmp_path: Path) -> None:
+    file = PageFile.create_growable(tmp_path, NS, 0, 4096)
+    try:
+        assert not file.removed
+        file.path.unlink()  # its namespace removed while it is open
+        assert file.removed
+        PageFile.create_growable(tmp_path, NS, 0, 4096).close()  # another in its place
+        assert file.removed
+    finally:
+        file.close()
