@@ -186,11 +186,11 @@ class WorkerStorage:
         """
         if self._registered:
             return True
-        if self.page_file is None and (self.disabled is not None or not self._open_storage()):
-            return False  # storage is being retried; or a page file removed with its namespace
         with self._register_lock:
             if self._registered:
                 return True
+            if self.page_file is None and (self.disabled is not None or not self._open_storage()):
+                return False  # storage is being retried; or its file went with the namespace
             try:
                 info = self.guard.call(
                     lambda c: c.register_namespace(self.namespace, self.manifest.to_dict())
