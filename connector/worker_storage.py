@@ -31,6 +31,7 @@ from pathlib import Path
 from hf3fsctl.config import Config
 from hf3fsctl.errors import (
     AuthError,
+    ConfigError,
     Hf3fsctlError,
     MetadataUnavailable,
     NamespaceConflict,
@@ -215,7 +216,8 @@ class WorkerStorage:
             except StoreFormatError as exc:  # newer store, or an older one not migrated
                 self._disable(exc.message, f"{exc.hint}; the connector retries by itself")
                 return False
-            except AuthError as exc:  # a configuration error the service reports
+            except (AuthError, ConfigError) as exc:  # refused credentials, an unreadable
+                # token file: configuration errors, found once the client opens
                 self._disable(exc.message, f"{exc.hint}; the connector retries by itself")
                 return False
             except MetadataUnavailable as exc:  # down: the guard logged the outage once
