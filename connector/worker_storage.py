@@ -103,6 +103,8 @@ class WorkerStorage:
         root = Path(storage.path)
         try:
             if not root.is_dir():
+                if root.exists():
+                    raise StorageError(f"storage path {root} is not a directory")
                 # Create the root only inside an existing directory: a missing mount
                 # (its parent gone too) must not turn into a cache on the local disk.
                 if not root.parent.is_dir():

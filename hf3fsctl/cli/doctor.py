@@ -67,6 +67,14 @@ def check_storage(report: Report, cfg: Config) -> bool:
     from hf3fsctl.storage.factory import describe_engine_choice
 
     root = Path(cfg.storage.path)
+    if root.exists() and not root.is_dir():
+        report.add(
+            "storage.path",
+            "fail",
+            f"{root} is not a directory",
+            "set storage.path to the store's directory (on 3FS: one under the mount)",
+        )
+        return False
     if not root.is_dir():
         report.add(
             "storage.path",

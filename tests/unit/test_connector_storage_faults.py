@@ -9,6 +9,7 @@ files `doctor` reads and the stats shipped to Prometheus.
 from __future__ import annotations
 
 import errno
+import json
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,7 +28,9 @@ from hf3fsctl_connector.metadata import Hf3fsctlConnectorMetadata, LoadJob, Save
 from hf3fsctl_connector.namespace import load_settings
 from hf3fsctl_connector.stats import STATE, StatsRecorder
 from hf3fsctl_connector.worker import WorkerSide
+from typer.testing import CliRunner
 
+from hf3fsctl.cli.main import app
 from hf3fsctl.errors import StorageError
 from hf3fsctl.health import read_status
 from hf3fsctl.meta.sqlite.store import MetadataStore
@@ -71,6 +74,24 @@ def test_missing_storage_at_start_up_disables_instead_of_raising(
         assert (worker.disabled or "").startswith("storage unusable")
     finally:
         worker.shutdown()
+
+
+def test_a_storage_path_that_is_a_file_says_so(harness: Harness, tmp_path: Path) -> None:
+    """It said "[Errno 17] File exists" (the page file's directory could not be made)."""
+    a_file = tmp_path / "kv"
+    a_file.write_text("not a directory")
+    worker = _worker_over(harness, a_file)
+    try:
+        worker.register_kv_caches(make_kv_caches(harness.kv_cache_config)[1])
+        assert "is not a directory" in (worker.disabled or ""), worker.disabled
+    finally:
+        worker.shutdown()
+    result = CliRunner().invoke(
+        app, ["doctor", "--json"], env={"HF3FSCTL_STORAGE_PATH": str(a_file)}
+    )
+    checks = {c["name"]: c for c in json.loads(result.stdout)["checks"]}
+    assert checks["storage.path"]["status"] == "fail"
+    assert "is not a directory" in checks["storage.path"]["detail"]
 
 
 def test_a_disabled_worker_fails_loads_at_once_and_drops_saves(
