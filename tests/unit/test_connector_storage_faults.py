@@ -76,6 +76,25 @@ def test_missing_storage_at_start_up_disables_instead_of_raising(
         worker.shutdown()
 
 
+def test_a_missing_mount_is_never_made_on_the_local_disk(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """The worker never creates a storage root whose parent is missing, but the
+    scheduler's embedded metadata store (in that root, by default) made every directory
+    to it; the worker then found the root and cached on the local disk."""
+    root = tmp_path / "not-mounted" / "kv"
+    engine = make_harness(tiny_model_dir, root)
+    try:
+        engine.run(make_request("r", prompt_tokens(2 * BLOCK_SIZE + 1), max_tokens=1))
+        assert hf3fsctl_connector.wait_for_saves(10)
+        assert "r" not in engine.scheduler.requests
+    finally:
+        engine.close()
+    assert not (tmp_path / "not-mounted").exists()
+    with pytest.raises(StorageError, match="not mounted"):
+        MetadataStore(str(root / "metadata.db"))
+
+
 def test_a_storage_path_that_is_a_file_says_so(harness: Harness, tmp_path: Path) -> None:
     """It said "[Errno 17] File exists" (the page file's directory could not be made)."""
     a_file = tmp_path / "kv"

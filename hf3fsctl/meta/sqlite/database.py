@@ -97,14 +97,25 @@ def _corrupt_error(path: str, exc: sqlite3.Error) -> MetadataUnavailable:
 
 
 def _open_writer_lock(path: str) -> WriterLock:
-    """The writer lock of a store to be written (its directory made if missing).
+    """The writer lock of a store to be written (its directory made if missing, but only
+    inside an existing one: as for the storage root, a missing mount must not turn into
+    a store on the local disk).
 
     Raises:
         StorageError: the directory or lock file cannot be written (read-only mount,
-            permissions), instead of an `OSError` traceback.
+            permissions), instead of an `OSError` traceback; or neither the directory
+            nor its parent exists.
     """
+    directory = Path(path).parent
+    if not directory.is_dir() and not directory.parent.is_dir():
+        raise StorageError(
+            f"metadata store {path}: neither {directory} nor its parent exists "
+            "(a file system not mounted?)",
+            hint="mount it, or create the store with `hf3fsctl init --storage-path DIR "
+            "--create-path`",
+        )
     try:
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        directory.mkdir(exist_ok=True)
         return WriterLock(path + ".lock")
     except OSError as exc:
         if exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
