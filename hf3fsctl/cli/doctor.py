@@ -32,7 +32,7 @@ from __future__ import annotations
 import os
 import shutil
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -347,10 +347,14 @@ def check_connectors(report: Report, cfg: Config | None = None) -> None:
         mine = [r for r in records if os.path.realpath(str(r.get("storage_path", ""))) == store]
         others = len(records) - len(mine)
         records = mine
+
+    def identity(record: dict[str, Any]) -> tuple[object, ...]:
+        return (record.get("namespace"), record["role"], record["rank"])
+
     newest: dict[tuple[object, ...], float] = {}
     for record in records:
-        identity = (record.get("namespace"), record["role"], record["rank"])
-        newest[identity] = max(newest.get(identity, 0.0), float(record.get("updated", 0)))
+        key = identity(record)
+        newest[key] = max(newest.get(key, 0.0), float(record.get("updated", 0)))
     running = [r for r in records if r["alive"]]
     healthy = sum(1 for r in running if r["state"] == "ok")
     elsewhere = f" ({others} of other stores not shown)" if others else ""
@@ -365,8 +369,7 @@ def check_connectors(report: Report, cfg: Config | None = None) -> None:
             age = now - float(record.get("since", 0))
             detail = f"{who} {record['state']} for {age:.0f}s: {record['reason']}"
         else:
-            identity = (record.get("namespace"), record["role"], record["rank"])
-            if newest[identity] > float(record.get("updated", 0)):
+            if newest[identity(record)] > float(record.get("updated", 0)):
                 continue  # restarted since: the newer connector's file is the one to read
             status = "warn"
             ago = now - float(record.get("updated", 0))

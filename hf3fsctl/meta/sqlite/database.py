@@ -7,9 +7,10 @@ The plumbing under `MetadataStore`'s primitives (`store.py`), apart from them:
   so writers of every thread and process hand over within a fraction of a millisecond
   instead of sleeping in SQLite's busy handler; reads (`_read`) run on WAL snapshots.
 - Failure kinds come from SQLite's result code (`sqlite_errorcode`), never its message
-  (`_unavailable_on_busy`): busy or locked past `busy_timeout_s` → `MetadataUnavailable`;
+  (`_typed_errors`): busy or locked past `busy_timeout_s` → `MetadataUnavailable`;
   read-only or unopenable → `StorageError`; full or I/O → `MetadataUnavailable` with
-  the hint to free space.
+  the hint to free space (a full file system named as such); corrupt or not a database
+  → `MetadataUnavailable` with the fix (a backup, or `hf3fsctl init` again).
 - Lookup counters wait in memory and ride with the next write transaction, or are
   written by a lookup once a second when no writer holds the lock (`_flush_if_free`).
 - The WAL: checkpointed by whichever commit fills it, or by a background thread
@@ -207,7 +208,7 @@ class SqliteDatabase:
         self._pending = _PendingCounts()
         self._checkpointer: WalCheckpointer | None = None
         try:
-            with self._unavailable_on_busy():
+            with self._typed_errors():
                 self._init_schema()
         except BaseException:  # e.g. a store of another format: leave nothing open
             self._close_connections()
@@ -291,7 +292,7 @@ class SqliteDatabase:
         A store is never migrated on open: processes of several hf3fsctl versions may
         share it, so `hf3fsctl migrate` does that, once, on purpose (`meta/sqlite/migration.py`).
         """
-        with self._unavailable_on_busy():
+        with self._typed_errors():
             conn = self._conn()
             if self.read_only:
                 version = schema.stored_version(conn)
@@ -325,7 +326,7 @@ class SqliteDatabase:
                     raise
 
     @contextmanager
-    def _unavailable_on_busy(self) -> Iterator[None]:
+    def _typed_errors(self) -> Iterator[None]:
         """SQLite's errors a caller can act on, typed: busy, read-only, full, corrupt."""
         try:
             yield
@@ -361,7 +362,7 @@ class SqliteDatabase:
         """One write transaction (BEGIN IMMEDIATE … COMMIT), the pending lookup counters
         flushed within unless `flush_counters` is False."""
         conn = self._conn()
-        with self._unavailable_on_busy(), self._exclusive():
+        with self._typed_errors(), self._exclusive():
             conn.execute("BEGIN IMMEDIATE")
             try:
                 yield conn
@@ -376,7 +377,7 @@ class SqliteDatabase:
     def _read(self) -> Iterator[sqlite3.Connection]:
         """One read transaction on a consistent snapshot."""
         conn = self._conn()
-        with self._unavailable_on_busy():
+        with self._typed_errors():
             conn.execute("BEGIN")
             try:
                 yield conn

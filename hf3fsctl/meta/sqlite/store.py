@@ -687,7 +687,7 @@ class MetadataStore(SqliteDatabase, StoreCore):
         """One transaction of `_evict`."""
         conn = self._conn()
         marked: list[GiveBack] = []
-        with self._unavailable_on_busy(), self._exclusive():
+        with self._typed_errors(), self._exclusive():
             conn.execute("BEGIN IMMEDIATE")
             try:
                 if request.namespace is not None:
