@@ -202,8 +202,10 @@ def serve(
         }
     else:
         # An http(s) metadata.url names this service; its database lives under storage.path.
+        # Its directory is made by the store, and only inside an existing one: a missing
+        # mount must not become a store on this node's root disk (the engines here would
+        # then find the root and cache on that disk too).
         db = context.sqlite_path(target) or Path(cfg.storage.path) / "metadata.db"
-        db.parent.mkdir(parents=True, exist_ok=True)
         store, shown = str(db), f"db {db}"
     output.info(
         f"metadata service on http://{server.host}:{server.port} "

@@ -71,3 +71,28 @@ def test_serve_insecure_on_all_interfaces_warns_loudly(tmp_path: Path) -> None:
     with serving(config, "--host", "0.0.0.0", "--insecure") as (_, log):
         pass
     assert "WITHOUT authentication" in log.read_text()
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_serve_on_a_missing_mount_refuses_and_creates_nothing(tmp_path: Path, workers: int) -> None:
+    """storage.path under a file system not mounted (its parent missing too): serve's
+    database lives there by default, and making its directories would put the store on
+    this node's root disk, where the engines beside it would then cache too. It exits
+    with the store's error instead; with several workers too, which used to start and
+    die again and again, for good, and never exit."""
+    from hf3fsctl.errors import StorageError
+
+    root = tmp_path / "unmounted" / "kv"
+    config = tmp_path / "hf3fs.yaml"
+    config.write_text(f"storage:\n  path: {root}\n")
+    done = subprocess.run(
+        [sys.executable, "-m", "hf3fsctl", "serve", "--config", str(config)]
+        + ["--port", str(free_port()), "--workers", str(workers)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == StorageError.exit_code, done.stderr
+    assert "a file system not mounted?" in done.stderr
+    assert "Traceback" not in done.stderr
+    assert not (tmp_path / "unmounted").exists()

@@ -143,6 +143,9 @@ def run_server(
     sys.setswitchinterval(SWITCH_INTERVAL_S)
     try:
         if workers > 1:
+            # Opened once here first: a store that cannot be opened is its typed error
+            # now, not workers that die at start and are started again, for good.
+            _open_store(settings).close()
             os.environ[_SETTINGS_ENV] = json.dumps(settings)
             uvicorn.run(
                 f"{__name__}:app_from_environment", factory=True, workers=workers, **options
@@ -181,13 +184,18 @@ def _close_store(store: Store) -> None:
     logger.info("metadata store closed")
 
 
-def _app_from_settings(settings: dict[str, Any]) -> FastAPI:
-    """A store and its app; the store is closed (counters flushed) at shutdown."""
+def _open_store(settings: dict[str, Any]) -> Store:
+    """The store of `run_server`'s settings, opened.
+
+    Raises:
+        StorageError: a SQLite store's directory cannot be made or written (a missing
+            mount, a read-only one); MetadataUnavailable: a damaged database.
+    """
     from hf3fsctl.meta.client import open_store
     from hf3fsctl.meta.policy import StorePolicy
 
     policy = settings.get("policy")
-    store = open_store(
+    return open_store(
         settings["db"],
         lease_s=settings["lease_s"],
         high_watermark=settings["high_watermark"],
@@ -196,6 +204,11 @@ def _app_from_settings(settings: dict[str, Any]) -> FastAPI:
         policy=StorePolicy(**policy) if policy else None,
         **settings.get("store_options", {}),
     )
+
+
+def _app_from_settings(settings: dict[str, Any]) -> FastAPI:
+    """A store and its app; the store is closed (counters flushed) at shutdown."""
+    store = _open_store(settings)
     app = create_app(
         store,
         token=settings["token"],
