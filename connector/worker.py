@@ -93,6 +93,7 @@ from hf3fsctl.staging import (
     total_page_bytes,
 )
 from hf3fsctl.tier import (
+    IO,
     LoadTarget,
     PagePieces,
     Pages,
@@ -519,7 +520,7 @@ class WorkerSide(WorkerStorage):
             if job.pin and self.rank == 0:  # the request's kv_transfer_params pin
                 pin_saved(self.guard.call, self.namespace, stored_keys(job, outcome), job.pin_ttl_s)
             failure = outcome.storage_failure
-            if failure is not None:
+            if failure is not None and not (failure.kind == IO and self.page_file_lost()):
                 self.storage_failed(failure.kind, failure.pages, failure.reason)
             elif outcome.storage_worked:
                 self.storage_worked()
@@ -563,6 +564,8 @@ class WorkerSide(WorkerStorage):
         """Run this step's synchronous loads; start its asynchronous ones on threads."""
         if not meta.loads:
             return
+        if self.disabled is not None:  # a consumer saves nothing: its loads retry too
+            self._retry_in_background()
         for job in merged_host_loads(meta.loads) if not self._cuda else meta.loads:
             run = LoadRun(job=job)
             if job.sync:
@@ -684,6 +687,8 @@ class WorkerSide(WorkerStorage):
         elapsed = time.monotonic() - run.started
         if failed:
             self.stats.fail(kind, len(failed))
+            if kind == IO:
+                self.page_file_lost()  # its mount gone, or back as a new one: reopen it
             logger.warning(
                 "load of request %s: %d of %d blocks failed (%s); they will be recomputed",
                 run.job.req_id,

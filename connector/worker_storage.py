@@ -30,6 +30,7 @@ from pathlib import Path
 
 from hf3fsctl.config import Config
 from hf3fsctl.errors import (
+    UNREACHABLE_ERRNOS,
     AuthError,
     ConfigError,
     Hf3fsctlError,
@@ -44,7 +45,7 @@ from hf3fsctl.meta.models import RankFile
 from hf3fsctl.staging import StagingPool
 from hf3fsctl.storage.engine import IOEngine, engine_host_memory
 from hf3fsctl.storage.factory import open_engine
-from hf3fsctl.storage.layout import PageFile, rank_file_name, write_manifest
+from hf3fsctl.storage.layout import PageFile, rank_file_name, root_problem, write_manifest
 from hf3fsctl.tier import Tier
 
 from .service import MetadataGuard
@@ -135,10 +136,11 @@ class WorkerStorage:
                     )
             write_manifest(root, self.manifest)
         except (StorageError, OSError) as exc:
-            message = exc.message if isinstance(exc, StorageError) else str(exc)
+            error = exc if isinstance(exc, StorageError) else StorageError.from_os_error(exc)
+            message = error.message
             fix = f"check that {root} is mounted, writable and has free space"
-            if isinstance(exc, StorageError) and message.startswith("storage.engine"):
-                fix = exc.hint  # an engine that cannot work here: say how to pick another
+            if message.startswith("storage.engine") or error.errno in UNREACHABLE_ERRNOS:
+                fix = error.hint  # an engine that cannot work here, a mount to remount
             self._disable(
                 f"storage unusable: {message}",
                 f"{fix} (`hf3fsctl doctor`); the connector retries by itself",
@@ -258,6 +260,32 @@ class WorkerStorage:
             self.namespace,
             self.rank,
         )
+
+    def page_file_lost(self) -> bool:
+        """After an I/O failure: whether this rank's open page file no longer reaches its
+        file (`PageFile.removed`): its file system is gone from under the mount (a FUSE
+        daemon that exited: ENOTCONN), or came back as a new mount the old descriptor
+        does not reach. If so the file is dropped and the connector disabled (loads
+        fail fast, saves are dropped); the background retry opens it again once the
+        mount answers, and registers again. Returns True when it was lost."""
+        file = self.page_file
+        if file is None:
+            return self.disabled is not None  # lost already (by another job's failure)
+        if not file.removed:
+            return False
+        with self._register_lock:
+            if self.page_file is not file:
+                return True  # another failure got here first
+            self.page_file = None  # loads still reading it keep their (failing) handle
+            self._registered = False
+        problem = root_problem(self.config.storage.path)
+        reason = problem.message if problem else f"{file.path} is not the file it had open"
+        self._disable(
+            f"storage unusable: {reason}",
+            "remount the file system if it is gone (`umount -l MOUNT`, then mount it "
+            "again; `hf3fsctl doctor`); the connector reopens the page file by itself",
+        )
+        return True
 
     def _rank_file(self) -> RankFile:
         file = self.page_file

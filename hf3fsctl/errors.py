@@ -11,6 +11,10 @@ import errno as _errno
 
 # The OS errors that mean "no room": a full file system or an exhausted quota.
 NO_SPACE_ERRNOS = frozenset({_errno.ENOSPC, _errno.EDQUOT})
+# The OS errors that mean "the file system is gone from under a mount point": a FUSE
+# mount whose daemon exited (3FS after hf3fs_fuse died: ENOTCONN on every call), a stale
+# network handle, a host or device that went away.
+UNREACHABLE_ERRNOS = frozenset({_errno.ENOTCONN, _errno.ESTALE, _errno.EHOSTDOWN, _errno.ENODEV})
 
 
 class Hf3fsctlError(Exception):
@@ -87,6 +91,29 @@ class StorageError(Hf3fsctlError):
     def no_space(self) -> bool:
         """The file system (or a quota) is full: ENOSPC or EDQUOT."""
         return self.errno in NO_SPACE_ERRNOS
+
+    @classmethod
+    def from_os_error(cls, exc: OSError) -> StorageError:
+        """An OS error on a store's path, as one line that names the path and the fix."""
+        where = f"{exc.filename}: " if exc.filename else ""
+        reason = exc.strerror or str(exc)
+        if exc.errno in UNREACHABLE_ERRNOS:
+            return cls(
+                f"{where}{reason}: its file system is not reachable (a FUSE mount such as "
+                "3FS whose daemon exited, or a stale network mount)",
+                hint="remount it (`umount -l MOUNT`, then mount it again)",
+                errno=exc.errno,
+            )
+        if exc.errno in NO_SPACE_ERRNOS:
+            hint = "free space on that file system, or lower the store's capacity"
+        elif exc.errno in (_errno.EACCES, _errno.EPERM, _errno.EROFS):
+            hint = "check the path's permissions and that its file system is mounted writable"
+        else:
+            hint = (
+                "check the path and its file system (`hf3fsctl doctor`); HF3FSCTL_DEBUG=1 "
+                "shows the traceback"
+            )
+        return cls(f"{where}{reason}", hint=hint, errno=exc.errno)
 
 
 class MetadataUnavailable(Hf3fsctlError):

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from hf3fsctl.errors import InvalidRequest, NotFound
+from hf3fsctl.errors import InvalidRequest, NotFound, StorageError
 
 if TYPE_CHECKING:
     from hf3fsctl.config import Config, MetadataUrl
@@ -74,7 +74,7 @@ def connect(config: Config, *, create: bool = False, read_only: bool = False) ->
     from hf3fsctl.meta.client import connect as connect_url
 
     db = sqlite_path(config.metadata_target)
-    if db is not None and not create and not db.exists():
+    if db is not None and not create and not _exists(db):
         raise NotFound(
             f"metadata database {db} does not exist",
             hint=f"create the store with `hf3fsctl init --storage-path {config.storage.path}`"
@@ -86,6 +86,15 @@ def connect(config: Config, *, create: bool = False, read_only: bool = False) ->
             + ", or point metadata.url / --config at an existing one",
         )
     return connect_url(config, read_only=read_only and not create)
+
+
+def _exists(path: Path) -> bool:
+    """`path.exists()`, with a file system gone from under its mount point (ENOTCONN of a
+    FUSE mount whose daemon exited) a `StorageError` rather than an `OSError`."""
+    try:
+        return path.exists()
+    except OSError as exc:
+        raise StorageError.from_os_error(exc) from None
 
 
 @contextmanager

@@ -65,24 +65,12 @@ def check_storage(report: Report, cfg: Config) -> bool:
     """The storage root exists, is writable, has room; its mount and engine. True if usable."""
     from hf3fsctl.config import format_size
     from hf3fsctl.storage.factory import describe_engine_choice
+    from hf3fsctl.storage.layout import root_problem
 
     root = Path(cfg.storage.path)
-    if root.exists() and not root.is_dir():
-        report.add(
-            "storage.path",
-            "fail",
-            f"{root} is not a directory",
-            "set storage.path to the store's directory (on 3FS: one under the mount)",
-        )
-        return False
-    if not root.is_dir():
-        report.add(
-            "storage.path",
-            "fail",
-            f"{root} does not exist",
-            f"mount its file system, or create it: `hf3fsctl init --storage-path {root} "
-            "--create-path`",
-        )
+    problem = root_problem(root)  # missing, not a directory, its file system gone
+    if problem is not None:
+        report.add("storage.path", "fail", problem.message, problem.hint)
         return False
     report.add("storage.path", "ok", f"{root} exists")
     try:

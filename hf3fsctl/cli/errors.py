@@ -2,8 +2,9 @@
 
 Every `hf3fsctl.errors.Hf3fsctlError` carries its exit code and a hint; here it becomes
 one line on stderr (`Error: …`), the hint (`Hint: …`) and that exit code. With
-`HF3FSCTL_DEBUG=1` the traceback is printed too. Anything else is a bug and keeps its
-traceback.
+`HF3FSCTL_DEBUG=1` the traceback is printed too. An `OSError` that reaches a command
+(a path on a file system that is gone, full or refuses) is a `StorageError` line too
+(`StorageError.from_os_error`). Anything else is a bug and keeps its traceback.
 
 Exit codes (also in `hf3fsctl --help`):
 
@@ -33,7 +34,7 @@ from typing import ParamSpec, TypeVar
 import typer
 
 from hf3fsctl.cli import output
-from hf3fsctl.errors import Hf3fsctlError
+from hf3fsctl.errors import Hf3fsctlError, StorageError
 from hf3fsctl.extras import missing_extra
 
 P = ParamSpec("P")
@@ -84,6 +85,10 @@ def handle_errors(command: Callable[P, R]) -> Callable[P, R]:
             if missing is None:
                 raise
             raise typer.Exit(report(missing)) from None
+        except OSError as exc:  # a path on a file system gone or refusing: one line
+            if debug_enabled():
+                raise
+            raise typer.Exit(report(StorageError.from_os_error(exc))) from None
         except KeyboardInterrupt:
             output.info("interrupted")
             raise typer.Exit(EXIT_INTERRUPTED) from None

@@ -30,6 +30,7 @@ import errno
 import json
 import logging
 import os
+import stat
 import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path, PurePosixPath
@@ -51,6 +52,29 @@ _PARTIAL_SUFFIX = ".partial"
 _UNSUPPORTED = {errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL}
 
 ProgressCallback = Callable[[int, int], None]
+
+
+def root_problem(root: str | os.PathLike[str]) -> StorageError | None:
+    """Why the storage root `root` cannot be used here, or None when it is a directory:
+    missing (its file system not mounted?), not a directory, or on a file system gone
+    from under its mount point (`StorageError.from_os_error`: a FUSE daemon that exited).
+    """
+    try:
+        mode = os.stat(root).st_mode
+    except (FileNotFoundError, NotADirectoryError):
+        return StorageError(
+            f"storage path {os.fspath(root)} does not exist (missing mount?)",
+            hint="mount its file system, or create the store: `hf3fsctl init "
+            f"--storage-path {os.fspath(root)} --create-path`",
+        )
+    except OSError as exc:
+        return StorageError.from_os_error(exc)
+    if stat.S_ISDIR(mode):
+        return None
+    return StorageError(
+        f"storage path {os.fspath(root)} is not a directory",
+        hint="set storage.path to the store's directory (on 3FS: one under the mount)",
+    )
 
 
 def slot_bytes(page_bytes: int) -> int:

@@ -1,0 +1,207 @@
+"""A store whose FUSE daemon died (3FS after hf3fs_fuse exited), then came back.
+
+A real FUSE mount (`bindfs`, a passthrough FUSE file system from Debian, installed by
+`make fuse`) whose daemon is killed with SIGKILL: every call on the mount point then
+fails with ENOTCONN ("Transport endpoint is not connected") until it is unmounted and
+mounted again. Found with vLLM on such a mount: every CLI command died with an OSError
+traceback (pathlib's `exists()` raises ENOTCONN), doctor too; and after the mount came
+back the worker's saves failed for good, since its open page file still pointed at the
+dead connection. Now each command is one line with the fix, doctor a failed check, and
+the worker reopens its page file once the mount answers again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import errno
+import json
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import hf3fsctl_connector
+import pytest
+from helpers.cli_store import Store, cli, fill, make_store
+from helpers.connector_harness import (
+    BLOCK_SIZE,
+    Harness,
+    make_harness,
+    make_request,
+    prompt_tokens,
+)
+from helpers.meta_builders import keys as make_keys
+
+from hf3fsctl.errors import StorageError
+
+
+@dataclass
+class FuseMount:
+    """A `bindfs` mount of `source` at `path`, its daemon in the foreground (`-f`)."""
+
+    source: Path
+    path: Path
+    daemon: subprocess.Popen[bytes] | None = None
+
+    def mount(self) -> None:
+        self.daemon = subprocess.Popen(["bindfs", "-f", str(self.source), str(self.path)])
+        deadline = time.monotonic() + 20
+        while not os.path.ismount(self.path):
+            assert self.daemon.poll() is None, "bindfs exited before mounting"
+            assert time.monotonic() < deadline, "bindfs did not mount in 20 s"
+            time.sleep(0.05)
+
+    def kill(self) -> None:
+        """Kill the daemon as a crash would: the mount point stays, every call ENOTCONN."""
+        assert self.daemon is not None
+        self.daemon.send_signal(signal.SIGKILL)
+        self.daemon.wait(10)
+        deadline = time.monotonic() + 20  # the kernel's attribute cache expires (~1 s)
+        while True:
+            try:
+                os.stat(self.path)
+            except OSError as exc:
+                assert exc.errno == errno.ENOTCONN, exc
+                return
+            assert time.monotonic() < deadline, "the mount still answers without its daemon"
+            time.sleep(0.1)
+
+    def remount(self) -> None:
+        subprocess.run(["umount", "-l", str(self.path)], check=True)
+        self.mount()
+
+
+@pytest.fixture
+def fuse_mount(tmp_path: Path) -> Iterator[FuseMount]:
+    if shutil.which("bindfs") is None:
+        raise RuntimeError("bindfs is not installed: run `make fuse` (Debian's bindfs)")
+    if not os.path.exists("/dev/fuse"):
+        pytest.skip("no /dev/fuse on this machine: FUSE mounts cannot exist here")
+    mount = FuseMount(tmp_path / "src", tmp_path / "mnt")
+    mount.source.mkdir()
+    mount.path.mkdir()
+    mount.mount()
+    try:
+        yield mount
+    finally:
+        if mount.daemon is not None and mount.daemon.poll() is None:
+            mount.daemon.kill()
+        subprocess.run(["umount", "-l", str(mount.path)], check=False, capture_output=True)
+
+
+def _one_line(stderr: str) -> bool:
+    return "Traceback" not in stderr and stderr.count("Error:") == 1
+
+
+@pytest.fixture
+def dead_store(fuse_mount: FuseMount, tmp_path: Path) -> Store:
+    """A filled store on the mount (its config file beside the test, off the mount),
+    the mount's daemon then killed."""
+    made = make_store(fuse_mount.path)
+    fill(made, make_keys(4))
+    store = dataclasses.replace(made, config_file=tmp_path / "hf3fs.yaml")
+    shutil.copy(made.config_file, store.config_file)
+    fuse_mount.kill()
+    return store
+
+
+def test_a_config_file_on_a_dead_fuse_mount_is_one_line(
+    dead_store: Store, fuse_mount: FuseMount
+) -> None:
+    on_mount = dataclasses.replace(dead_store, config_file=fuse_mount.path / "hf3fs.yaml")
+    result = cli(on_mount, "stats")
+    assert result.exit_code == StorageError.exit_code, result.output
+    assert _one_line(result.stderr) and "hf3fs.yaml" in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["stats"],
+        ["ls"],
+        ["vllm-config"],
+        ["evict", "--all", "--yes"],
+        ["pin", "0123456789abcdef", "--key", "k"],
+    ],
+)
+def test_every_command_on_a_dead_fuse_mount_is_one_line_with_the_fix(
+    dead_store: Store, args: list[str]
+) -> None:
+    result = cli(dead_store, *args)
+    assert result.exit_code == StorageError.exit_code, result.output
+    assert _one_line(result.stderr), result.stderr
+    assert "not reachable" in result.stderr and "remount" in result.stderr, result.stderr
+
+
+def test_doctor_on_a_dead_fuse_mount_fails_the_storage_check(dead_store: Store) -> None:
+    result = cli(dead_store, "doctor", "--json")
+    assert result.exit_code == 1, result.output
+    checks = {c["name"]: c for c in json.loads(result.stdout)["checks"]}
+    assert checks["storage.path"]["status"] == "fail"
+    assert "not reachable" in checks["storage.path"]["detail"]
+    assert "remount" in checks["storage.path"]["fix"]
+    assert checks["metadata.reachable"]["status"] == "fail"
+
+
+def test_the_worker_reopens_its_page_file_when_the_mount_comes_back(
+    fuse_mount: FuseMount, tiny_model_dir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Pages on the FUSE mount, metadata on the local disk (so lookups still answer):
+    the daemon dies under a running engine, the mount comes back, and the same worker
+    saves again — to a freshly opened page file — and loads what it saved before."""
+    (tmp_path / "meta").mkdir()
+    extra = {
+        "metadata.url": f"sqlite:///{tmp_path / 'meta' / 'metadata.db'}",
+        "connector.storage_retry_s": 0.2,
+    }
+    store = fuse_mount.path / "kv"
+    first, during, after, later = (
+        prompt_tokens(3 * BLOCK_SIZE + 5, salt=s) for s in (11, 12, 13, 14)
+    )
+    caplog.set_level(logging.INFO)
+    harness: Harness | None = None
+    try:
+        harness = make_harness(tiny_model_dir, store, extra=extra)
+        harness.run(make_request("first", first, max_tokens=2))
+        assert hf3fsctl_connector.wait_for_saves(10)
+        side = harness.worker.worker_side
+        old_file = side.page_file
+        fuse_mount.kill()
+        harness.run(make_request("during", during, max_tokens=2))
+        assert hf3fsctl_connector.wait_for_saves(10)
+        down = side.health.snapshot()
+        assert down.state == "disabled" and "not reachable" in down.reason, down
+        fuse_mount.remount()
+        deadline = time.monotonic() + 30
+        reopened = None
+        n = 0
+        while time.monotonic() < deadline:  # saves dropped while disabled retry storage
+            n += 1
+            harness.run(make_request(f"after{n}", after, max_tokens=2))
+            assert hf3fsctl_connector.wait_for_saves(10)
+            if side.health.snapshot().state == "ok" and side.page_file is not None:
+                reopened = side.page_file
+                break
+            time.sleep(0.3)
+        assert reopened is not None and reopened is not old_file, side.health.snapshot()
+        harness.run(make_request("later", later, max_tokens=2))  # saved to the new file
+        assert hf3fsctl_connector.wait_for_saves(10)
+    finally:
+        if harness is not None:
+            harness.close()
+    reader = make_harness(tiny_model_dir, store, extra=extra)  # another engine
+    try:
+        reader.run(make_request("first", first, max_tokens=2))
+        reader.run(make_request("later", later, max_tokens=2))
+        loaded = [key for meta in reader.metas for job in meta.loads for key in job.keys]
+    finally:
+        reader.close()
+    assert len(loaded) == 6 and not reader.invalid_reported, (loaded, reader.invalid_reported)
+    ours = [r for r in caplog.records if r.name.startswith("hf3fsctl")]
+    assert not [r for r in ours if r.exc_info], [r.getMessage() for r in ours if r.exc_info]
+    assert [r for r in ours if "ok again" in r.getMessage() and "worker" in r.getMessage()]
