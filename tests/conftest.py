@@ -14,6 +14,10 @@ os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
 os.environ.setdefault("DO_NOT_TRACK", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# Rich sizes tables to the terminal; a pytest-xdist worker has none (80 columns, so long
+# cells wrap and a test looking for a namespace id in `stats` misses it). Tests read
+# tables at one width wherever they run; a test about another width sets its own.
+os.environ.setdefault("COLUMNS", "200")
 
 # A suite started in the background by a non-interactive shell (`make test &` in a script)
 # inherits SIGINT ignored (POSIX: asynchronous commands without job control), and so does

@@ -86,8 +86,10 @@ def test_serve_on_a_missing_mount_refuses_and_creates_nothing(tmp_path: Path, wo
     config = tmp_path / "hf3fs.yaml"
     config.write_text(f"storage:\n  path: {root}\n")
     done = subprocess.run(
-        [sys.executable, "-m", "hf3fsctl", "serve", "--config", str(config)]
-        + ["--port", str(free_port()), "--workers", str(workers)],
+        [
+            *(sys.executable, "-m", "hf3fsctl", "serve", "--config", str(config)),
+            *("--port", str(free_port()), "--workers", str(workers)),
+        ],
         capture_output=True,
         text=True,
         timeout=120,
