@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import sys
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
@@ -152,8 +153,10 @@ def warm(
     json: JsonOpt = False,
 ) -> None:
     """Prefill prompts into the cache (vLLM offline, one output token), skipping what is cached."""
+    from hf3fsctl.cli.init import check_writable
     from hf3fsctl.config import parse_size
     from hf3fsctl.offline.engine_args import engine_options
+    from hf3fsctl.storage.layout import root_problem
 
     cfg = context.load(ctx, config)
     flags = {
@@ -187,6 +190,12 @@ def warm(
                 document["message"] = "nothing to do: every prompt is cached; no engine started"
             _finish(document, plan, json)
             return
+        # Before an engine starts (a minute on a large model): a root it cannot write
+        # would only end as an engine that saved nothing.
+        problem = root_problem(cfg.storage.path)
+        if problem is not None:
+            raise problem
+        check_writable(Path(cfg.storage.path))
         if plan.fits is False and not json:
             output.warning(
                 "the new blocks are more than the store's free capacity: older entries "

@@ -36,7 +36,9 @@ from helpers.connector_harness import (
     prompt_tokens,
 )
 from helpers.meta_builders import keys as make_keys
+from typer.testing import CliRunner
 
+from hf3fsctl.cli.main import app
 from hf3fsctl.errors import StorageError
 
 
@@ -205,3 +207,31 @@ def test_the_worker_reopens_its_page_file_when_the_mount_comes_back(
     ours = [r for r in caplog.records if r.name.startswith("hf3fsctl")]
     assert not [r for r in ours if r.exc_info], [r.getMessage() for r in ours if r.exc_info]
     assert [r for r in ours if "ok again" in r.getMessage() and "worker" in r.getMessage()]
+
+
+def test_warm_on_a_dead_fuse_mount_says_so_before_starting_an_engine(
+    fuse_mount: FuseMount, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """Metadata on the local disk, pages on the dead mount: `warm` used to start vLLM
+    (a minute on a large model), whose connector was disabled, and end with "namespace
+    … is not registered"."""
+    (tmp_path / "meta").mkdir()
+    config = tmp_path / "hf3fs.yaml"
+    made = CliRunner().invoke(
+        app,
+        [
+            *("init", "--storage-path", str(fuse_mount.path / "kv"), "--create-path"),
+            *("--metadata-url", f"sqlite:///{tmp_path / 'meta' / 'metadata.db'}"),
+            *("--write-config", str(config)),
+        ],
+    )
+    assert made.exit_code == 0, made.output
+    fuse_mount.kill()
+    prompt = " ".join(f"word{i % 97}" for i in range(400))
+    result = CliRunner().invoke(
+        app,
+        ["--config", str(config), "warm", "--model", str(tiny_model_dir), "--prompt", prompt],
+    )
+    assert result.exit_code == StorageError.exit_code, result.output
+    assert _one_line(result.stderr) and "not reachable" in result.stderr, result.stderr
+    assert "starting vLLM" not in result.output
