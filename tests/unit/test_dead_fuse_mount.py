@@ -21,9 +21,10 @@ import shutil
 import signal
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import hf3fsctl_connector
 import pytest
@@ -39,7 +40,9 @@ from helpers.meta_builders import keys as make_keys
 from typer.testing import CliRunner
 
 from hf3fsctl.cli.main import app
-from hf3fsctl.errors import StorageError
+from hf3fsctl.errors import MetadataUnavailable, StorageError
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -235,3 +238,76 @@ def test_warm_on_a_dead_fuse_mount_says_so_before_starting_an_engine(
     assert result.exit_code == StorageError.exit_code, result.output
     assert _one_line(result.stderr) and "not reachable" in result.stderr, result.stderr
     assert "starting vLLM" not in result.output
+
+
+def _until_it_answers(call: Callable[[], T], timeout_s: float = 20.0) -> T:
+    """`call()` once the store answers again: the first call after a remount may find
+    the file it had open gone (MetadataUnavailable, its connections then reopened)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return call()
+        except MetadataUnavailable:
+            assert time.monotonic() < deadline, "the store never answered again"
+            time.sleep(0.2)
+
+
+def test_a_sqlite_store_on_a_dead_fuse_mount_is_unavailable_then_reopens(
+    fuse_mount: FuseMount,
+) -> None:
+    """The embedded store (the default: its DB under the storage root, on the mount):
+    while the daemon is dead every call is MetadataUnavailable, never a raw sqlite3
+    error ("disk I/O error", "cannot commit - no transaction is active"); once the mount
+    is back the same store object opens the file again and has every committed key."""
+    from hf3fsctl.meta.client import open_store
+
+    store = make_store(fuse_mount.path)
+    kept = make_keys(4)
+    fill(store, kept)
+    client = open_store(str(store.root / "metadata.db"), background_checkpoint=True)
+    try:
+        assert client.lookup(store.namespace, kept) == 4
+        fuse_mount.kill()
+        with pytest.raises(MetadataUnavailable, match="not reachable"):
+            client.lookup(store.namespace, kept)
+        with pytest.raises(MetadataUnavailable, match="not reachable"):
+            client.allocate(store.namespace, 0, make_keys(2, salt="b"))
+        fuse_mount.remount()
+        assert _until_it_answers(lambda: client.lookup(store.namespace, kept)) == 4
+        fresh = make_keys(3, salt="c")
+        fill(store, fresh, client)  # writes: the writer lock reopened too
+        assert client.lookup(store.namespace, fresh) == 3
+    finally:
+        client.close()
+
+
+@pytest.mark.integration
+def test_serve_on_a_dead_fuse_mount_answers_503_then_recovers(fuse_mount: FuseMount) -> None:
+    """`serve` whose DB is on the mount: 503 with the reason while the daemon is dead
+    (it was a 500 with a traceback per request), 200 again after the remount, without
+    a restart (its connections and writer lock are opened again)."""
+    import urllib.error
+    import urllib.request
+
+    from helpers.servers import start_server
+
+    server = start_server(fuse_mount.path / "server")
+    try:
+        fuse_mount.kill()
+        with pytest.raises(urllib.error.HTTPError) as down:
+            urllib.request.urlopen(f"{server.url}/healthz", timeout=10)
+        assert down.value.code == 503
+        assert "not reachable" in down.value.read().decode()
+        fuse_mount.remount()
+
+        def healthy() -> int:
+            try:
+                with urllib.request.urlopen(f"{server.url}/healthz", timeout=10) as answer:
+                    return int(answer.status)
+            except urllib.error.HTTPError as exc:
+                raise MetadataUnavailable(str(exc)) from None
+
+        assert _until_it_answers(healthy) == 200
+    finally:
+        server.stop()
+    assert "Traceback" not in server.log(), server.log()[-3000:]

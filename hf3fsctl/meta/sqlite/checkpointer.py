@@ -69,23 +69,43 @@ class WalCheckpointer:
             self._thread.join(timeout=10)
 
     def _run(self) -> None:
-        conn = sqlite3.connect(self.path, timeout=1.0, isolation_level=None)
+        conn: sqlite3.Connection | None = None
         try:
             while True:
                 stopping = self._stop.wait(self.interval_s)
-                self._checkpoint(conn, "PASSIVE")
-                if self._wal_bytes() > self.limit_bytes:
-                    self._restart(conn)
+                try:
+                    conn = conn or sqlite3.connect(self.path, timeout=1.0, isolation_level=None)
+                    self._checkpoint(conn, "PASSIVE")
+                    if self._wal_bytes() > self.limit_bytes:
+                        self._restart(conn)
+                except (sqlite3.Error, OSError) as exc:
+                    # Not busy: its file system went away (a FUSE mount whose daemon
+                    # exited) or came back as a new mount this connection does not
+                    # reach. A new connection next round, so the WAL is checkpointed
+                    # again once the database answers.
+                    logger.debug("wal checkpoint of %s failed, reconnecting: %s", self.path, exc)
+                    if conn is not None:
+                        _close_quietly(conn)
+                    conn = None
                 if stopping:
                     return
         finally:
-            conn.close()
+            if conn is not None:
+                _close_quietly(conn)
 
     def _checkpoint(self, conn: sqlite3.Connection, mode: str) -> bool:
-        """One `wal_checkpoint(mode)`; True when it completed (not busy)."""
+        """One `wal_checkpoint(mode)`; True when it completed (not busy).
+
+        Raises:
+            sqlite3.Error: anything but busy or locked (the caller reconnects).
+        """
         try:
             busy = conn.execute(f"PRAGMA wal_checkpoint({mode})").fetchone()[0]
-        except sqlite3.Error as exc:  # busy: another checkpoint runs; next time
+        except sqlite3.OperationalError as exc:
+            code = (getattr(exc, "sqlite_errorcode", None) or 0) & 0xFF
+            if code not in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED):
+                raise
+            # busy: another checkpoint runs; next time
             logger.debug("wal %s checkpoint of %s skipped: %s", mode, self.path, exc)
             return False
         return not busy
@@ -107,3 +127,10 @@ class WalCheckpointer:
             return os.path.getsize(self.path + "-wal")
         except OSError:
             return 0
+
+
+def _close_quietly(conn: sqlite3.Connection) -> None:
+    try:
+        conn.close()
+    except sqlite3.Error:
+        pass

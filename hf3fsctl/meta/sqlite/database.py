@@ -33,7 +33,7 @@ from contextlib import contextmanager
 from multiprocessing import util as mp_util
 from pathlib import Path
 
-from hf3fsctl.errors import MetadataUnavailable, NotFound, StorageError
+from hf3fsctl.errors import UNREACHABLE_ERRNOS, MetadataUnavailable, NotFound, StorageError
 from hf3fsctl.meta.sqlite import migration, schema
 from hf3fsctl.meta.sqlite.backup import BackupResult, Progress, backup_database
 from hf3fsctl.meta.sqlite.checkpointer import WalCheckpointer
@@ -201,6 +201,10 @@ class SqliteDatabase:
         self._local = threading.local()
         self._connections: list[sqlite3.Connection] = []
         self._connections_lock = threading.Lock()
+        # Bumped when the file the connections opened is gone from its path (its file
+        # system went away, or came back as a new mount): each thread then connects anew.
+        self._generation = 0
+        self._identity: tuple[int, int] | None = None  # (st_dev, st_ino) it opened
         self.read_only = read_only
         self._immutable = False  # read-only and on a file system that refuses even -shm
         self._writer: WriterLock | None = None if read_only else _open_writer_lock(self.path)
@@ -213,6 +217,7 @@ class SqliteDatabase:
         except BaseException:  # e.g. a store of another format: leave nothing open
             self._close_connections()
             raise
+        self._identity = self._file_identity()
         # A process that only looks up (the connector's scheduler side) may exit without
         # `close`, where a server counts every lookup it answers: the counters are also
         # written when the store is collected and when its process exits (a plain exit,
@@ -270,8 +275,18 @@ class SqliteDatabase:
             uri + "?immutable=1", uri=True, isolation_level=None, check_same_thread=False
         )
 
+    def _file_identity(self) -> tuple[int, int] | None:
+        try:
+            st = os.stat(self.path)
+        except OSError:
+            return None
+        return st.st_dev, st.st_ino
+
     def _conn(self) -> sqlite3.Connection:
         conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
+        if conn is not None and self._local.generation != self._generation:
+            self._drop(conn)  # opened on a file no longer at its path
+            conn = None
         if conn is None:
             conn = self._connect()
             conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout_s * 1000)}")
@@ -282,9 +297,49 @@ class SqliteDatabase:
             conn.execute(f"PRAGMA wal_autocheckpoint = {auto}")
             conn.execute(f"PRAGMA journal_size_limit = {self._wal_pages * 4096}")
             self._local.conn = conn
+            self._local.generation = self._generation
+            if self._identity is None:  # (re)opened: the file it reaches now
+                self._identity = self._file_identity()
             with self._connections_lock:
                 self._connections.append(conn)
         return conn
+
+    def _drop(self, conn: sqlite3.Connection) -> None:
+        with self._connections_lock:
+            if conn in self._connections:
+                self._connections.remove(conn)
+        self._local.conn = None
+        try:
+            conn.close()
+        except sqlite3.Error:
+            pass
+
+    def _lost(self) -> MetadataUnavailable | None:
+        """After an I/O error: whether the database's file system is gone from under its
+        mount (a FUSE daemon that exited: ENOTCONN) or the file at its path is no longer
+        the one the connections opened (the mount came back as a new one). If so every
+        thread connects again at its next call, the writer lock is opened again, and
+        this is the error to raise; None for another I/O error."""
+        try:
+            st = os.stat(self.path)
+        except OSError as exc:
+            if exc.errno not in UNREACHABLE_ERRNOS:
+                return None
+            reason = f"its file system is not reachable ({exc.strerror})"
+            self._identity = None  # the file's, once a connection opens it again
+        else:
+            if self._identity is None or (st.st_dev, st.st_ino) == self._identity:
+                return None
+            reason = "the file at its path is not the one it had open (remounted?)"
+            self._identity = (st.st_dev, st.st_ino)
+        self._generation += 1
+        if self._writer is not None:
+            self._writer.reopen()
+        return MetadataUnavailable(
+            f"metadata store {self.path}: {reason}",
+            hint="remount its file system if it is gone (`umount -l MOUNT`, then mount it "
+            "again); the store opens the file again by itself",
+        )
 
     def _init_schema(self) -> None:
         """Create the tables of a new store; refuse a store of another format.
@@ -330,8 +385,17 @@ class SqliteDatabase:
         """SQLite's errors a caller can act on, typed: busy, read-only, full, corrupt."""
         try:
             yield
+        except OSError as exc:  # the writer lock's descriptor, on a file system gone
+            lost = self._lost() if exc.errno in UNREACHABLE_ERRNOS else None
+            if lost is None:
+                raise
+            raise lost from None
         except sqlite3.DatabaseError as exc:  # OperationalError, and corruption's own
             code = (getattr(exc, "sqlite_errorcode", None) or 0) & 0xFF  # the primary code
+            if code in (sqlite3.SQLITE_IOERR, sqlite3.SQLITE_CANTOPEN):
+                lost = self._lost()
+                if lost is not None:
+                    raise lost from None
             if code in (sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB):
                 raise _corrupt_error(self.path, exc) from None
             if not isinstance(exc, sqlite3.OperationalError):
@@ -361,8 +425,8 @@ class SqliteDatabase:
     def _write(self, *, flush_counters: bool = True) -> Iterator[sqlite3.Connection]:
         """One write transaction (BEGIN IMMEDIATE … COMMIT), the pending lookup counters
         flushed within unless `flush_counters` is False."""
-        conn = self._conn()
         with self._typed_errors(), self._exclusive():
+            conn = self._conn()
             conn.execute("BEGIN IMMEDIATE")
             try:
                 yield conn
@@ -370,19 +434,21 @@ class SqliteDatabase:
                     self._flush_counters(conn)
                 conn.execute("COMMIT")
             except BaseException:
-                conn.execute("ROLLBACK")
+                if conn.in_transaction:  # an I/O error has rolled it back already
+                    conn.execute("ROLLBACK")
                 raise
 
     @contextmanager
     def _read(self) -> Iterator[sqlite3.Connection]:
         """One read transaction on a consistent snapshot."""
-        conn = self._conn()
         with self._typed_errors():
+            conn = self._conn()
             conn.execute("BEGIN")
             try:
                 yield conn
             finally:
-                conn.execute("COMMIT")
+                if conn.in_transaction:  # an I/O error has ended it already
+                    conn.execute("COMMIT")
 
     def _flush_counters(self, conn: sqlite3.Connection) -> None:
         _write_counts(conn, self._pending.take())
@@ -409,7 +475,13 @@ class SqliteDatabase:
         """
         if self._writer is None:
             return
-        with self._writer.try_hold() as got:
+        try:
+            self._flush_counters_if_free(self._writer)
+        except (OSError, sqlite3.Error):  # its file system gone: best effort, as ever
+            return
+
+    def _flush_counters_if_free(self, writer: WriterLock) -> None:
+        with writer.try_hold() as got:
             if not got:
                 return
             conn = self._conn()
@@ -421,7 +493,8 @@ class SqliteDatabase:
                 self._flush_counters(conn)
                 conn.execute("COMMIT")
             except sqlite3.Error:
-                conn.execute("ROLLBACK")
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
 
     def close(self, *, truncate_wal: bool = False) -> None:
         """Flush counters and close every connection this store opened.

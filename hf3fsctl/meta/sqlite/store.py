@@ -685,9 +685,9 @@ class MetadataStore(SqliteDatabase, StoreCore):
 
     def _evict_batch(self, request: EvictRequest, before: float | None) -> EvictResult:
         """One transaction of `_evict`."""
-        conn = self._conn()
         marked: list[GiveBack] = []
         with self._typed_errors(), self._exclusive():
+            conn = self._conn()
             conn.execute("BEGIN IMMEDIATE")
             try:
                 if request.namespace is not None:
@@ -765,7 +765,12 @@ class MetadataStore(SqliteDatabase, StoreCore):
             )
 
     def health(self) -> dict[str, Any]:
-        """A cheap liveness check: the database answers a query."""
+        """A cheap liveness check: the database file is reachable and answers a query
+        (SQLite may answer from its cache when the file system is gone: a FUSE mount
+        whose daemon exited, so the file is looked at first)."""
+        lost = self._lost()
+        if lost is not None:
+            raise lost
         with self._read() as conn:
             count = conn.execute("SELECT COUNT(*) FROM namespaces").fetchone()[0]
         return {"status": "ok", "store": "sqlite", "namespaces": int(count)}

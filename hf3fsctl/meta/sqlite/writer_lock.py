@@ -38,6 +38,7 @@ class WriterLock:
         self._mutex = threading.Lock()
         self._fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         self._pid = os.getpid()
+        self._reopen = False  # set by `reopen`: a new descriptor at the next hold
         self._waiter_state = threading.Lock()  # guards `_waiter` and its fields
         self._waiter: _Waiter | None = None  # the one helper blocked in flock, if any
 
@@ -92,14 +93,24 @@ class WriterLock:
         """Whether another thread of this process is inside `hold` (a cheap hint)."""
         return self._mutex.locked()
 
+    def reopen(self) -> None:
+        """Open the lock file again at the next hold: the descriptor no longer reaches it
+        (its file system went from under the mount, or came back as a new mount)."""
+        self._reopen = True
+
     def _descriptor(self) -> int:
         # a forked child shares the parent's open file description, and so its flock:
         # reopen so that parent and child exclude each other
-        if self._fd < 0 or os.getpid() != self._pid:
+        if self._fd < 0 or os.getpid() != self._pid or self._reopen:
             if self._fd >= 0:
-                os.close(self._fd)
+                try:
+                    os.close(self._fd)
+                except OSError:  # a descriptor on a file system that went away
+                    pass
+                self._fd = -1
             self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
             self._pid = os.getpid()
+            self._reopen = False
         return self._fd
 
     def _wait(self, timeout_s: float) -> int | None:
@@ -133,7 +144,17 @@ class WriterLock:
 
     def _block(self, waiter: _Waiter) -> None:
         """The helper: take the lock, hand it to a waiting caller or give it straight back."""
-        fcntl.flock(waiter.fd, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(waiter.fd, fcntl.LOCK_EX)
+        except OSError:  # its file system went away: the caller times out, a later one
+            with self._waiter_state:  # starts a new helper
+                if self._waiter is waiter:
+                    self._waiter = None
+            try:
+                os.close(waiter.fd)
+            except OSError:
+                pass
+            return
         with self._waiter_state:
             if waiter.wanted:
                 waiter.got.set()
