@@ -67,12 +67,12 @@ from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import TYPE_CHECKING, Any
 
 from hf3fsctl.config import Config
-from hf3fsctl.errors import Hf3fsctlError
+from hf3fsctl.errors import Hf3fsctlError, StorageError
 from hf3fsctl.health import ConnectorHealth
 from hf3fsctl.keys import NamespaceManifest, block_keys
 from hf3fsctl.kv_groups import CHUNKED, FULL, MAMBA, SLIDING, GroupPlan, longest_hit
 from hf3fsctl.meta.protocol import PreparesLookups
-from hf3fsctl.storage.layout import root_problem
+from hf3fsctl.storage.layout import RootCheck
 
 from .events import StoreEvents, block_payloads
 from .metadata import Hf3fsctlConnectorMetadata, LoadJob, RequestState, SaveJob
@@ -89,6 +89,10 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 LOOKUP_THREADS = 4
+# The storage root's check (a stat, on its own thread): what a step waits for its answer,
+# and how long an unanswered one may take before the root counts as hung (misses).
+STORAGE_CHECK_WAIT_S = 0.05
+STORAGE_CHECK_TIMEOUT_S = 1.0
 # vLLM's BlockPool takes block 0 as its null block: the placeholder a sliding-window or
 # Mamba group's block table holds where vLLM keeps no KV (never saved, never loaded).
 NULL_BLOCK_ID = 0
@@ -159,6 +163,7 @@ class SchedulerSide:
             role="scheduler", rank=0, namespace=self.namespace, storage_path=config.storage.path
         )
         self._storage_checked_at = -1e9  # monotonic time of the last storage check
+        self._storage_check: RootCheck | None = None  # the one in flight
         self._lookup_failing = False  # a typed lookup failure was logged, none succeeded since
         # What is left of this scheduler step's `lookup_wait_ms` (reset per step).
         self._wait_s = config.connector.lookup_wait_ms / 1000.0
@@ -223,18 +228,33 @@ class SchedulerSide:
         asking the metadata service (which may still list pages nobody can read).
         """
         now = time.monotonic()
-        if now - self._storage_checked_at >= self.config.connector.storage_retry_s:
+        check = self._storage_check
+        if (
+            check is None
+            and now - self._storage_checked_at >= self.config.connector.storage_retry_s
+        ):
             self._storage_checked_at = now
-            problem = root_problem(self.config.storage.path)
-            self._storage_ok = problem is None
-            if problem is not None:  # missing, not a directory, its file system gone
-                self.health.disable(
-                    problem.message,
-                    f"{problem.hint}; the connector serves misses until it is back",
-                )
-            elif self.health.state != "ok":
-                self.health.recover()
+            # Off the engine thread: a stat on a hung file system never returns. A
+            # healthy one answers within the short wait, so the step sees its result.
+            check = self._storage_check = RootCheck(self.config.storage.path)
+            check.done(STORAGE_CHECK_WAIT_S)
+        if check is not None:
+            if check.done():
+                self._storage_check = None
+                self._storage_checked(check.problem)
+            elif now - check.started > STORAGE_CHECK_TIMEOUT_S and self._storage_ok:
+                self._storage_checked(check.hung())  # misses until it answers
         return self._storage_ok
+
+    def _storage_checked(self, problem: StorageError | None) -> None:
+        self._storage_ok = problem is None
+        if problem is not None:  # missing, not a directory, its file system gone or hung
+            self.health.disable(
+                problem.message,
+                f"{problem.hint}; the connector serves misses until it is back",
+            )
+        elif self.health.state != "ok":
+            self.health.recover()
 
     # --- matching ----------------------------------------------------------------
 

@@ -44,12 +44,14 @@ Contract (storage, registration, `tier`, start-up failures and staging prewarm:
       verification → scatter into the KV cache, unless its timeout cancelled it) →
       reported by `get_finished`. Every block that did not arrive intact is
       returned by `get_block_ids_with_load_errors` in the same step its request is
-      reported. A synchronous job (`LoadJob.sync`) runs in `start_load_kv` itself, which
-      vLLM calls before that step's forward; on a host KV cache its pages are read
-      straight into the blocks (`PagePieces`: no staging, no scatter), every request's
-      of the step in one `Tier.load` (one locate, one batch of reads). Its failed
-      blocks are returned by `get_block_ids_with_load_errors` in the same step, and
-      vLLM recomputes them.
+      reported. A synchronous job (`LoadJob.sync`), every request's of the step in one
+      `Tier.load` on a host KV cache (one locate, one batch of reads), runs on a load
+      thread while `start_load_kv`, which vLLM calls before that step's forward, waits
+      for it at most `SYNC_LOAD_DEADLINE_S` (a hung file system never answers: the
+      load is then cancelled, its blocks recomputed). Loads always read into staging,
+      never straight into the blocks, since a read that outlives its wait must not
+      write into blocks given to another request. Failed blocks are returned by
+      `get_block_ids_with_load_errors` in the same step, and vLLM recomputes them.
     * Pages a load found corrupt are dropped from the store (`Tier.invalidate`): inline
       on an asynchronous load's thread; for a synchronous load on a load thread, off
       the engine step; `drain` (and so `wait_for_saves`) also waits for those calls.
@@ -67,13 +69,14 @@ Contract (storage, registration, `tier`, start-up failures and staging prewarm:
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import threading
 import time
 import weakref
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -94,8 +97,6 @@ from hf3fsctl.staging import (
 )
 from hf3fsctl.tier import (
     IO,
-    LoadTarget,
-    PagePieces,
     Pages,
     PageSources,
     SaveOutcome,
@@ -123,6 +124,8 @@ LOAD_TIMEOUT_S = 60.0
 # How long a synchronous load (the engine step waits for it) waits for staging memory
 # held by saves before it gives up and its blocks are recomputed.
 SYNC_STAGING_WAIT_S = 1.0
+# The longest a step waits for its synchronous loads (a hung file system never answers).
+SYNC_LOAD_DEADLINE_S = 5.0
 # How long shutdown waits for in-flight saves.
 SHUTDOWN_DRAIN_S = 30.0
 # How long a save thread waits for the next engine step to begin before it starts anyway.
@@ -229,6 +232,7 @@ class WorkerSide(WorkerStorage):
         self._preempted: dict[str, int] = {}
         self._finished: set[str] = set()  # finished per vLLM, waiting for their saves
         self._loads: dict[str, LoadRun] = {}  # load jobs in flight
+        self._hung_load: Future[None] | None = None  # a sync load past its deadline
         self._done_loads: dict[str, set[int]] = {}  # ended loads → failed block ids
         self._load_errors: set[int] = set()  # failed block ids not yet reported
         self._invalidating = 0  # background invalidate calls in flight
@@ -274,7 +278,7 @@ class WorkerSide(WorkerStorage):
                 target=self._prewarm_staging, name="hf3fsctl-prewarm", daemon=True
             ).start()
         if self.ensure_registered():
-            self._warm_up_loads()
+            self._load_pool.submit(self._warm_up_loads)  # where loads run
         from hf3fsctl.ops.status import describe_staging_path
 
         logger.info(
@@ -569,7 +573,7 @@ class WorkerSide(WorkerStorage):
         for job in merged_host_loads(meta.loads) if not self._cuda else meta.loads:
             run = LoadRun(job=job)
             if job.sync:
-                self._run_load(run)  # before this step's forward; errors reported this step
+                self._run_sync_load(run)  # before this step's forward; errors this step
                 continue
             with self._lock:
                 self._loads[job.req_id] = run
@@ -579,45 +583,92 @@ class WorkerSide(WorkerStorage):
                 logger.exception("cannot start load of request %s", job.req_id)
                 self._load_ended(run, set(job.block_ids), "error")
 
+    def _run_sync_load(self, run: LoadRun) -> None:
+        """A synchronous load, on a load thread, the step waiting for it at most
+        `SYNC_LOAD_DEADLINE_S`: a read on a hung file system (a FUSE daemon stopped)
+        never returns, and the engine must not wait with it. Past the deadline the load
+        is cancelled (it reads into staging, so a late read touches no KV block) and
+        its blocks are recomputed; while that read has not returned, later synchronous
+        loads fail at once (logged once per hang) instead of each waiting again."""
+        hung = self._hung_load
+        if hung is not None:
+            if not hung.done():
+                self._load_ended(run, set(run.job.block_ids), "timeout")
+                return
+            self._hung_load = None
+            logger.info("a load that had hung returned: loads run again")
+        try:
+            future = self._load_pool.submit(self._run_load, run)
+        except RuntimeError:  # shut down
+            self._load_ended(run, set(run.job.block_ids), "error")
+            return
+        wait([future], timeout=SYNC_LOAD_DEADLINE_S)
+        if future.done() or not run.cancel.cancel():  # done, or delivering right now
+            future.result()  # _run_load reports its own errors; never raises
+            return
+        self._hung_load = future
+        logger.warning(
+            "a load of request %s has not finished after %.0f s (a hung file system?): "
+            "its blocks are recomputed, and loads fail at once until it returns",
+            run.job.req_id,
+            SYNC_LOAD_DEADLINE_S,
+        )
+        self._load_ended(run, set(run.job.block_ids), "timeout")
+
     def _run_load(self, run: LoadRun) -> None:
-        """One load job: into the blocks' byte ranges (sync, host cache) or via staging."""
+        """One load job, via staging: read and verified there, then scattered into the
+        blocks unless cancelled meanwhile (a timeout). Never straight into the blocks
+        (`PagePieces`): a read that outlives its timeout could not be stopped from
+        writing into blocks given to another request meanwhile. A job larger than the
+        staging pool loads in parts, one lease each."""
         job = run.job
         failed: set[int] = set(job.block_ids)
         kind = "error"
-        lease: StagingBuffer | None = None
         try:
             tier = self.tier
             if self.disabled is not None or tier is None:
                 kind = "disabled"
             else:
-                # A synchronous load reads straight into a host cache's blocks: nothing
-                # can cancel it (a timed-out background read could not be stopped from
-                # writing into blocks given to another request).
-                into: LoadTarget | None = None
-                if job.sync and not self._cuda:
-                    into = PagePieces(self._page_pieces(job.block_ids))
+                size = max(1, self.pool.capacity_bytes // tier.page_bytes)
+                if len(job.keys) <= size:
+                    failed, kind = self._load_part(tier, run)
                 else:
-                    wait_s = SYNC_STAGING_WAIT_S if job.sync else LOAD_TIMEOUT_S / 2
-                    lease = tier.lease(len(job.keys), wait_s)
-                    if lease is None:
-                        kind = "pool_exhausted"
-                    else:
-                        into = StagingRows(lease.rows(), self._scatter_rows(job, lease))
-                if into is not None:
-                    later = self._invalidate_later if job.sync else None  # off the step
-                    failed, kind = run_load(tier, run, into, self.stats, later)
+                    failed, kinds = set(), []
+                    for start in range(0, len(job.keys), size):
+                        end = start + size
+                        part = dataclasses.replace(
+                            job, block_ids=job.block_ids[start:end], keys=job.keys[start:end]
+                        )
+                        lost, part_kind = self._load_part(
+                            tier, LoadRun(job=part, cancel=run.cancel.part())
+                        )
+                        failed |= lost
+                        kinds += [part_kind] if lost else []
+                    kind = kinds[0] if kinds else "error"
+                    run.cancel.deliver(lambda: None)  # every part delivered (or failed)
         except Exception:
             logger.exception("load of request %s failed", job.req_id)
-        finally:
-            if lease is not None:
-                lease.release()
         self._load_ended(run, failed, kind)
 
+    def _load_part(self, tier: Tier, run: LoadRun) -> tuple[set[int], str]:
+        """`run`'s job (which fits the staging pool) through one staging lease."""
+        job = run.job
+        wait_s = SYNC_STAGING_WAIT_S if job.sync else LOAD_TIMEOUT_S / 2
+        lease = tier.lease(len(job.keys), wait_s)
+        if lease is None:
+            return set(job.block_ids), "pool_exhausted"
+        try:
+            into = StagingRows(lease.rows(), self._scatter_rows(job, lease))
+            later = self._invalidate_later if job.sync else None  # off the step
+            return run_load(tier, run, into, self.stats, later)
+        finally:
+            lease.release()
+
     def _warm_up_loads(self) -> None:
-        """Pay the first load's one-time costs here, on the thread that will run the
-        synchronous loads, not in the first request's step (issue 23): the host cache's
-        byte views, and the store's statements (`Tier.warm_up`, which changes nothing a
-        reader sees). Opens no file and reads no page."""
+        """Pay the first load's one-time costs here, on a load thread, not in the first
+        request's step (issue 23): the host cache's byte views (saves use them too), and
+        the store's statements (`Tier.warm_up`, which changes nothing a reader sees).
+        Opens no file and reads no page."""
         tier = self.tier
         if tier is None or self.disabled is not None:
             return

@@ -191,15 +191,22 @@ class LoadOutcome:
 class LoadCancel:
     """Cancels a load that may be running on another thread (a timeout, say)."""
 
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
+    def __init__(self, whole: LoadCancel | None = None) -> None:
+        self._lock: threading.Lock = threading.Lock() if whole is None else whole._lock
+        self._whole = whole
         self._cancelled = False
         self._delivered = False
 
+    def part(self) -> LoadCancel:
+        """The cancel of one part of this load (a load in pieces): cancelled when this
+        one is; a part delivering leaves this load undelivered, so a cancel between
+        parts still stops the rest."""
+        return LoadCancel(self)
+
     @property
     def cancelled(self) -> bool:
-        """Whether `cancel` took effect."""
-        return self._cancelled
+        """Whether `cancel` took effect (on this load, or on the whole it is part of)."""
+        return self._cancelled or (self._whole is not None and self._whole.cancelled)
 
     @property
     def delivered(self) -> bool:
@@ -217,7 +224,7 @@ class LoadCancel:
     def deliver(self, fn: Callable[[], None]) -> bool:
         """Run `fn` (the delivery) unless cancelled; True when it ran."""
         with self._lock:
-            if self._cancelled:
+            if self.cancelled:
                 return False
             fn()
             self._delivered = True

@@ -32,6 +32,7 @@ import logging
 import os
 import stat
 import threading
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path, PurePosixPath
 from types import TracebackType
@@ -75,6 +76,39 @@ def root_problem(root: str | os.PathLike[str]) -> StorageError | None:
         f"storage path {os.fspath(root)} is not a directory",
         hint="set storage.path to the store's directory (on 3FS: one under the mount)",
     )
+
+
+class RootCheck:
+    """`root_problem(root)` on a daemon thread, for a caller that must not block: on a
+    hung file system (a FUSE daemon stopped, an NFS server gone) a `stat` waits until
+    it answers, which may be never. A daemon thread, so that a process exiting does not
+    wait for it either."""
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        self.root = os.fspath(root)
+        self.started = time.monotonic()
+        self.problem: StorageError | None = None
+        self._done = threading.Event()
+        threading.Thread(target=self._run, name="hf3fsctl-root-check", daemon=True).start()
+
+    def _run(self) -> None:
+        try:
+            self.problem = root_problem(self.root)
+        finally:
+            self._done.set()
+
+    def done(self, wait_s: float = 0.0) -> bool:
+        """Whether the check finished (waiting up to `wait_s` for it)."""
+        return self._done.wait(wait_s) if wait_s > 0 else self._done.is_set()
+
+    def hung(self) -> StorageError:
+        """The problem of a check that has not answered yet."""
+        waited = time.monotonic() - self.started
+        return StorageError(
+            f"storage path {self.root} does not answer (a stat has waited {waited:.1f} s): "
+            "a hung file system (a FUSE daemon stopped, a network mount unreachable)",
+            hint="check the mount's daemon or server; `hf3fsctl doctor` waits on it too",
+        )
 
 
 def slot_bytes(page_bytes: int) -> int:

@@ -311,3 +311,69 @@ def test_serve_on_a_dead_fuse_mount_answers_503_then_recovers(fuse_mount: FuseMo
     finally:
         server.stop()
     assert "Traceback" not in server.log(), server.log()[-3000:]
+
+
+def test_a_hung_fuse_mount_never_holds_the_engine_step(
+    fuse_mount: FuseMount,
+    tiny_model_dir: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The daemon stopped (SIGSTOP: every call on the mount waits, for good): the
+    scheduler's storage check and a synchronous load each held vLLM's engine step until
+    the daemon went on. Now the check runs off the step (misses once it has not
+    answered for a second) and a step waits for its loads at most a deadline (their
+    blocks recomputed, later loads failing at once until the read returns)."""
+    from hf3fsctl_connector import worker as worker_module
+    from hf3fsctl_connector.metadata import Hf3fsctlConnectorMetadata, LoadJob
+
+    monkeypatch.setattr(worker_module, "SYNC_LOAD_DEADLINE_S", 0.5, raising=False)
+    (tmp_path / "meta").mkdir()
+    extra = {
+        "metadata.url": f"sqlite:///{tmp_path / 'meta' / 'metadata.db'}",
+        "connector.storage_retry_s": 0.2,
+    }
+    prompt = prompt_tokens(3 * BLOCK_SIZE + 5, salt=21)
+    harness = make_harness(tiny_model_dir, fuse_mount.path / "kv", extra=extra)
+    try:
+        harness.run(make_request("saved", prompt, max_tokens=2))
+        assert hf3fsctl_connector.wait_for_saves(10)
+        side = harness.worker.worker_side
+        keys = [key for meta in harness.metas for job in meta.saves for key in job.keys][:3]
+        assert len(keys) == 3
+        Path("/proc/sys/vm/drop_caches").write_text("3\n")  # the read must reach the daemon
+        assert fuse_mount.daemon is not None
+        fuse_mount.daemon.send_signal(signal.SIGSTOP)
+        try:
+            started = time.monotonic()
+            side.start_load_kv(
+                Hf3fsctlConnectorMetadata(loads=[LoadJob("a", [40, 41, 42], keys, True)])
+            )
+            again = time.monotonic()
+            side.start_load_kv(
+                Hf3fsctlConnectorMetadata(loads=[LoadJob("b", [43, 44, 45], keys, True)])
+            )
+            done = time.monotonic()
+            errors = side.get_block_ids_with_load_errors()
+            scheduler = harness.connector.scheduler_side
+            checks: list[bool] = []
+            while len(checks) < 100 and (not checks or checks[-1]):  # ~5 s of steps
+                time.sleep(0.05)
+                checks.append(scheduler.storage_available())
+            during = time.monotonic() - done
+        finally:
+            fuse_mount.daemon.send_signal(signal.SIGCONT)
+        assert again - started < 30 and done - again < 5 and during < 30  # seconds, not forever
+        assert checks[-1] is False  # the scheduler serves misses: its check has not answered
+        assert errors == {40, 41, 42, 43, 44, 45}
+        deadline = time.monotonic() + 30
+        while True:  # once the hung read returned, loads run again
+            side.start_load_kv(
+                Hf3fsctlConnectorMetadata(loads=[LoadJob("c", [46, 47, 48], keys, True)])
+            )
+            if not side.get_block_ids_with_load_errors():
+                break
+            assert time.monotonic() < deadline, "loads never ran again"
+            time.sleep(0.2)
+    finally:
+        harness.close()
