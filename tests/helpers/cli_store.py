@@ -138,6 +138,22 @@ def corrupt_page(store: Store, rank: int, key: str) -> int:
     return entry.page
 
 
+# Commands that open a store, each a way an operator meets a broken one (damaged, on a
+# file system gone): every one must say so in one line.
+STORE_COMMANDS = [
+    ["stats"],
+    ["ls"],
+    ["vllm-config"],
+    ["evict", "--all", "--yes"],
+    ["pin", "0123456789abcdef", "--key", "k"],
+]
+
+
+def one_line_error(stderr: str) -> bool:
+    """An error as the CLI prints known ones: `Error:` and `Hint:`, no traceback."""
+    return "Traceback" not in stderr and stderr.startswith("Error: ")
+
+
 def cli(store: Store, *args: str, env: dict[str, str] | None = None) -> Any:
     """Run `hf3fsctl --config <store's config> ARGS` through Typer's CliRunner."""
     return CliRunner().invoke(app, ["--config", str(store.config_file), *args], env=env)

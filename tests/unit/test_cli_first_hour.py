@@ -23,7 +23,15 @@ from typing import Any
 
 import pytest
 import typer
-from helpers.cli_store import Store, cli, cli_json, fill, make_store
+from helpers.cli_store import (
+    STORE_COMMANDS,
+    Store,
+    cli,
+    cli_json,
+    fill,
+    make_store,
+    one_line_error,
+)
 from helpers.meta_builders import keys as make_keys
 from helpers.redis_servers import redis_binaries_missing, redis_server
 from helpers.servers import ServerProcess, free_port, metadata_server
@@ -64,11 +72,6 @@ def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.Complet
         timeout=120,
         env={**os.environ, **(env or {})},
     )
-
-
-def one_line_error(stderr: str) -> bool:
-    """An error as the CLI prints known ones: `Error:` and `Hint:`, no traceback."""
-    return "Traceback" not in stderr and stderr.startswith("Error: ")
 
 
 @pytest.fixture
@@ -200,16 +203,7 @@ def damaged_store(tmp_path: Path) -> Store:
     return store
 
 
-@pytest.mark.parametrize(
-    "args",
-    [
-        ["stats"],
-        ["ls"],
-        ["vllm-config"],
-        ["evict", "--all", "--yes"],
-        ["pin", "0123456789abcdef", "--key", "k"],
-    ],
-)
+@pytest.mark.parametrize("args", STORE_COMMANDS)
 def test_a_damaged_metadata_db_is_one_line_with_the_fix(
     damaged_store: Store, args: list[str]
 ) -> None:

@@ -28,7 +28,7 @@ from typing import TypeVar
 
 import hf3fsctl_connector
 import pytest
-from helpers.cli_store import Store, cli, fill, make_store
+from helpers.cli_store import STORE_COMMANDS, Store, cli, fill, make_store, one_line_error
 from helpers.connector_harness import (
     BLOCK_SIZE,
     Harness,
@@ -99,10 +99,6 @@ def fuse_mount(tmp_path: Path) -> Iterator[FuseMount]:
         subprocess.run(["umount", "-l", str(mount.path)], check=False, capture_output=True)
 
 
-def _one_line(stderr: str) -> bool:
-    return "Traceback" not in stderr and stderr.count("Error:") == 1
-
-
 @pytest.fixture
 def dead_store(fuse_mount: FuseMount, tmp_path: Path) -> Store:
     """A filled store on the mount (its config file beside the test, off the mount),
@@ -115,31 +111,22 @@ def dead_store(fuse_mount: FuseMount, tmp_path: Path) -> Store:
     return store
 
 
-def test_a_config_file_on_a_dead_fuse_mount_is_one_line(
+def test_a_config_file_on_a_dead_fuse_mount_isone_line_error(
     dead_store: Store, fuse_mount: FuseMount
 ) -> None:
     on_mount = dataclasses.replace(dead_store, config_file=fuse_mount.path / "hf3fs.yaml")
     result = cli(on_mount, "stats")
     assert result.exit_code == StorageError.exit_code, result.output
-    assert _one_line(result.stderr) and "hf3fs.yaml" in result.stderr, result.stderr
+    assert one_line_error(result.stderr) and "hf3fs.yaml" in result.stderr, result.stderr
 
 
-@pytest.mark.parametrize(
-    "args",
-    [
-        ["stats"],
-        ["ls"],
-        ["vllm-config"],
-        ["evict", "--all", "--yes"],
-        ["pin", "0123456789abcdef", "--key", "k"],
-    ],
-)
+@pytest.mark.parametrize("args", STORE_COMMANDS)
 def test_every_command_on_a_dead_fuse_mount_is_one_line_with_the_fix(
     dead_store: Store, args: list[str]
 ) -> None:
     result = cli(dead_store, *args)
     assert result.exit_code == StorageError.exit_code, result.output
-    assert _one_line(result.stderr), result.stderr
+    assert one_line_error(result.stderr), result.stderr
     assert "not reachable" in result.stderr and "remount" in result.stderr, result.stderr
 
 
@@ -236,7 +223,7 @@ def test_warm_on_a_dead_fuse_mount_says_so_before_starting_an_engine(
         ["--config", str(config), "warm", "--model", str(tiny_model_dir), "--prompt", prompt],
     )
     assert result.exit_code == StorageError.exit_code, result.output
-    assert _one_line(result.stderr) and "not reachable" in result.stderr, result.stderr
+    assert one_line_error(result.stderr) and "not reachable" in result.stderr, result.stderr
     assert "starting vLLM" not in result.output
 
 
