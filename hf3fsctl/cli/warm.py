@@ -14,6 +14,7 @@ what was done. Ctrl-C stops it: what was committed stays valid, a re-run does th
 
 from __future__ import annotations
 
+import errno
 import sys
 import time
 from pathlib import Path
@@ -191,11 +192,16 @@ def warm(
             _finish(document, plan, json)
             return
         # Before an engine starts (a minute on a large model): a root it cannot write
-        # would only end as an engine that saved nothing.
-        problem = root_problem(cfg.storage.path)
+        # would only end as an engine that saved nothing. A missing root is made by the
+        # connector inside an existing directory (never a missing mount's): that one.
+        where = Path(cfg.storage.path)
+        problem = root_problem(where)
+        missing = problem is not None and problem.errno == errno.ENOENT
+        if missing and root_problem(where.parent) is None:
+            problem, where = None, where.parent
         if problem is not None:
             raise problem
-        check_writable(Path(cfg.storage.path))
+        check_writable(where)
         if plan.fits is False and not json:
             output.warning(
                 "the new blocks are more than the store's free capacity: older entries "

@@ -67,6 +67,7 @@ def root_problem(root: str | os.PathLike[str]) -> StorageError | None:
             f"storage path {os.fspath(root)} does not exist (missing mount?)",
             hint="mount its file system, or create the store: `hf3fsctl init "
             f"--storage-path {os.fspath(root)} --create-path`",
+            errno=errno.ENOENT,
         )
     except OSError as exc:
         return StorageError.from_os_error(exc)
