@@ -126,8 +126,9 @@ LOAD_TIMEOUT_S = 60.0
 SYNC_STAGING_WAIT_S = 1.0
 # The longest a step waits for its synchronous loads (a hung file system never answers).
 SYNC_LOAD_DEADLINE_S = 5.0
-# How long shutdown waits for in-flight saves.
+# How long shutdown waits for in-flight saves, and then for load threads.
 SHUTDOWN_DRAIN_S = 30.0
+SHUTDOWN_LOAD_WAIT_S = 10.0
 # How long a save thread waits for the next engine step to begin before it starts anyway.
 SAVE_GATE_S = 0.05
 
@@ -233,6 +234,7 @@ class WorkerSide(WorkerStorage):
         self._finished: set[str] = set()  # finished per vLLM, waiting for their saves
         self._loads: dict[str, LoadRun] = {}  # load jobs in flight
         self._hung_load: Future[None] | None = None  # a sync load past its deadline
+        self._load_futures: set[Future[None]] = set()  # load-thread tasks not ended
         self._done_loads: dict[str, set[int]] = {}  # ended loads → failed block ids
         self._load_errors: set[int] = set()  # failed block ids not yet reported
         self._invalidating = 0  # background invalidate calls in flight
@@ -278,7 +280,7 @@ class WorkerSide(WorkerStorage):
                 target=self._prewarm_staging, name="hf3fsctl-prewarm", daemon=True
             ).start()
         if self.ensure_registered():
-            self._load_pool.submit(self._warm_up_loads)  # where loads run
+            self._submit_load(self._warm_up_loads)  # where loads run
         from hf3fsctl.ops.status import describe_staging_path
 
         logger.info(
@@ -578,10 +580,23 @@ class WorkerSide(WorkerStorage):
             with self._lock:
                 self._loads[job.req_id] = run
             try:
-                self._load_pool.submit(self._run_load, run)
+                self._submit_load(self._run_load, run)
             except Exception:
                 logger.exception("cannot start load of request %s", job.req_id)
                 self._load_ended(run, set(job.block_ids), "error")
+
+    def _submit_load(self, fn: Callable[..., None], *args: Any) -> Future[None]:
+        """`fn(*args)` on a load thread, tracked until it ends (`shutdown` waits for
+        these before it closes the store they use)."""
+        future = self._load_pool.submit(fn, *args)
+        with self._lock:
+            self._load_futures.add(future)
+        future.add_done_callback(self._load_future_done)
+        return future
+
+    def _load_future_done(self, future: Future[None]) -> None:
+        with self._lock:
+            self._load_futures.discard(future)
 
     def _run_sync_load(self, run: LoadRun) -> None:
         """A synchronous load, on a load thread, the step waiting for it at most
@@ -598,7 +613,7 @@ class WorkerSide(WorkerStorage):
             self._hung_load = None
             logger.info("a load that had hung returned: loads run again")
         try:
-            future = self._load_pool.submit(self._run_load, run)
+            future = self._submit_load(self._run_load, run)
         except RuntimeError:  # shut down
             self._load_ended(run, set(run.job.block_ids), "error")
             return
@@ -713,7 +728,7 @@ class WorkerSide(WorkerStorage):
         with self._lock:
             self._invalidating += 1
         try:
-            self._load_pool.submit(self._invalidate_job, tier, pages)
+            self._submit_load(self._invalidate_job, tier, pages)
         except Exception as exc:  # pool shut down: best effort
             logger.warning("cannot invalidate %d corrupt pages: %s", len(pages), exc)
             self._invalidate_ended()
@@ -820,6 +835,17 @@ class WorkerSide(WorkerStorage):
             logger.warning("shutdown: saves still in flight after %.0f s", SHUTDOWN_DRAIN_S)
         self._save_pool.shutdown(wait=False, cancel_futures=True)
         self._load_pool.shutdown(wait=False, cancel_futures=True)
+        with self._lock:
+            running = set(self._load_futures)
+        # A load thread still reading uses the engine, the file and the store: closing
+        # them under it can crash the process (a SQLite connection closed mid-statement).
+        # One stuck on a hung file system keeps them, for the process's exit to close.
+        _, stuck = wait(running, timeout=SHUTDOWN_LOAD_WAIT_S)
+        if stuck:
+            logger.warning("shutdown: %d loads still running; their files stay open", len(stuck))
+            self.health.retire()
+            _LIVE_WORKERS.discard(self)
+            return
         if self.engine is not None:
             self.engine.close()
         if self.page_file is not None:
