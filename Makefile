@@ -80,7 +80,10 @@ fuse:
 # suite runs ~1.5x faster; session fixtures (the tiny model, the engine zygotes, the
 # e2e baseline) run once per worker. PYTEST_WORKERS=0 runs it in one process.
 PYTEST_WORKERS ?= 2
-PYTEST_PARALLEL := $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadfile)
+# A worker that dies is a failure, not a worker started again (xdist then waited for good
+# after one crash in a 2026-12-08 run).
+PYTEST_PARALLEL := $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadfile \
+  --max-worker-restart 0)
 
 pytest: setup promtool redis fuse
 	$(PY) -m pytest -q $(PYTEST_PARALLEL) --durations=25
