@@ -103,13 +103,10 @@ class WorkerStorage:
         storage = self.config.storage
         root = Path(storage.path)
         try:
+            problem = root_problem(root, creatable=True)  # never a missing mount's
+            if problem is not None:
+                raise problem
             if not root.is_dir():
-                if root.exists():
-                    raise StorageError(f"storage path {root} is not a directory")
-                # Create the root only inside an existing directory: a missing mount
-                # (its parent gone too) must not turn into a cache on the local disk.
-                if not root.parent.is_dir():
-                    raise StorageError(f"storage path {root} does not exist (nor its parent)")
                 root.mkdir(exist_ok=True)
                 logger.info("created storage root %s", root)
             if self.engine is None:

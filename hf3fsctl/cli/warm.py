@@ -14,7 +14,6 @@ what was done. Ctrl-C stops it: what was committed stays valid, a re-run does th
 
 from __future__ import annotations
 
-import errno
 import sys
 import time
 from pathlib import Path
@@ -192,16 +191,13 @@ def warm(
             _finish(document, plan, json)
             return
         # Before an engine starts (a minute on a large model): a root it cannot write
-        # would only end as an engine that saved nothing. A missing root is made by the
-        # connector inside an existing directory (never a missing mount's): that one.
-        where = Path(cfg.storage.path)
-        problem = root_problem(where)
-        missing = problem is not None and problem.errno == errno.ENOENT
-        if missing and root_problem(where.parent) is None:
-            problem, where = None, where.parent
+        # would only end as an engine that saved nothing. A missing root the connector
+        # makes inside an existing directory: that one must be writable.
+        root = Path(cfg.storage.path)
+        problem = root_problem(root, creatable=True)
         if problem is not None:
             raise problem
-        check_writable(where)
+        check_writable(root if root.is_dir() else root.parent)
         if plan.fits is False and not json:
             output.warning(
                 "the new blocks are more than the store's free capacity: older entries "

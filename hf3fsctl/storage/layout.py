@@ -55,19 +55,25 @@ _UNSUPPORTED = {errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL}
 ProgressCallback = Callable[[int, int], None]
 
 
-def root_problem(root: str | os.PathLike[str]) -> StorageError | None:
+def root_problem(root: str | os.PathLike[str], *, creatable: bool = False) -> StorageError | None:
     """Why the storage root `root` cannot be used here, or None when it is a directory:
     missing (its file system not mounted?), not a directory, or on a file system gone
     from under its mount point (`StorageError.from_os_error`: a FUSE daemon that exited).
+
+    With `creatable`, a missing root is fine when its parent is a directory (the
+    connector makes it there): a root is only ever made inside an existing directory,
+    so that a missing mount (its parent gone too) never becomes a store on the local disk.
     """
     try:
         mode = os.stat(root).st_mode
     except (FileNotFoundError, NotADirectoryError):
+        parent = os.path.dirname(os.path.abspath(root))
+        if creatable and root_problem(parent) is None:
+            return None
         return StorageError(
             f"storage path {os.fspath(root)} does not exist (missing mount?)",
             hint="mount its file system, or create the store: `hf3fsctl init "
             f"--storage-path {os.fspath(root)} --create-path`",
-            errno=errno.ENOENT,
         )
     except OSError as exc:
         return StorageError.from_os_error(exc)

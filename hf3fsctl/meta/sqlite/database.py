@@ -476,25 +476,22 @@ class SqliteDatabase:
         if self._writer is None:
             return
         try:
-            self._flush_counters_if_free(self._writer)
+            with self._writer.try_hold() as got:
+                if not got:
+                    return
+                conn = self._conn()
+                try:
+                    conn.execute("BEGIN IMMEDIATE")
+                except sqlite3.OperationalError:  # a writer outside our lock (sqlite3 shell)
+                    return
+                try:
+                    self._flush_counters(conn)
+                    conn.execute("COMMIT")
+                except sqlite3.Error:
+                    if conn.in_transaction:
+                        conn.execute("ROLLBACK")
         except (OSError, sqlite3.Error):  # its file system gone: best effort, as ever
             return
-
-    def _flush_counters_if_free(self, writer: WriterLock) -> None:
-        with writer.try_hold() as got:
-            if not got:
-                return
-            conn = self._conn()
-            try:
-                conn.execute("BEGIN IMMEDIATE")
-            except sqlite3.OperationalError:  # a writer outside our lock (sqlite3 shell)
-                return
-            try:
-                self._flush_counters(conn)
-                conn.execute("COMMIT")
-            except sqlite3.Error:
-                if conn.in_transaction:
-                    conn.execute("ROLLBACK")
 
     def close(self, *, truncate_wal: bool = False) -> None:
         """Flush counters and close every connection this store opened.
